@@ -1,0 +1,114 @@
+"""One typed message per hop of a request; JSON on Redis streams, never pickle.
+
+    coordinator --EncodeJob--> encode worker --PrefillJob--> prefill/combined worker
+    prefill worker --DecodeJob--> decode worker;  any LLM worker --TokenEvent--> request stream
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from transport.wire import TensorDescriptor
+
+Role = Literal["encode", "prefill", "decode", "combined"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class SamplingParams(BaseModel):
+    """What the engine needs to pick tokens; validated at the API, trusted downstream."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    """0 means greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings; the matched string is not part of the output."""
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    return_logits: bool = False
+    """Debug: attach each step's full logits to the token events (exactness tests)."""
+
+
+class Timing(BaseModel):
+    """Compute time a request spent in each stage, so overhead = e2e - compute can be measured."""
+
+    encode_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    transfer_s: float = 0.0
+
+
+class _Job(BaseModel):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival: float
+    """Coordinator wall-clock time the request arrived (time.time())."""
+    timing: Timing = Field(default_factory=Timing)
+
+
+class MediaRef(BaseModel):
+    key: str
+    """Redis key holding the raw media bytes (TTL'd)."""
+    kind: Literal["image"] = "image"
+
+
+class EncodeJob(_Job):
+    kind: Literal["encode"] = "encode"
+    media: list[MediaRef]
+
+
+class PrefillJob(_Job):
+    kind: Literal["prefill"] = "prefill"
+    embeddings: list[TensorDescriptor] = []
+    """Modality embeddings in prompt order, one tensor [n_tokens, hidden]; empty for text-only."""
+
+
+class DecodeJob(_Job):
+    kind: Literal["decode"] = "decode"
+    output_token_ids: list[int]
+    """Tokens already produced (by the prefill worker) and already streamed."""
+    kv: list[TensorDescriptor]
+
+
+class AbortJob(BaseModel):
+    kind: Literal["abort"] = "abort"
+    request_id: str
+
+
+Job = Annotated[Union[EncodeJob, PrefillJob, DecodeJob, AbortJob], Field(discriminator="kind")]
+JOB_ADAPTER: TypeAdapter[Job] = TypeAdapter(Job)
+
+
+class TokenEvent(BaseModel):
+    """One entry on a request's token stream: new tokens, and on the last one why it ended."""
+
+    token_ids: list[int] = []
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    logits: list[str] = []
+    """Debug: base64 float32 logits, one per token in token_ids (SamplingParams.return_logits)."""
+    prompt_tokens: int | None = None
+    timing: Timing | None = None
+    worker_id: str = ""
+
+
+class WorkerInfo(BaseModel):
+    """A worker's registry entry; its liveness is a separate heartbeat key with a TTL."""
+
+    worker_id: str
+    role: Role
+    tier: str = "cpu"
+    """GPU tier name from the catalog, or "cpu"."""
+    host: str
+    pid: int
+    model: str
+    transport_address: str = ""
+    """Where this worker's transport receiver listens ("" for encode workers)."""
+    started_at: float
