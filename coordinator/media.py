@@ -1,0 +1,189 @@
+"""Turn an `image_url` into checked raw image bytes before anything is queued for an encoder.
+
+Everything a client can send is bounded here: the encoded size (computed from the base64 length,
+before decoding), which local files may be read, the image format (only plain raster decoders; PIL's
+EPS plugin would run Ghostscript), and the pixel count (decompression bombs). The bytes are kept
+as sent; the encode worker decodes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.errors import RequestError
+
+
+class MediaError(RequestError):
+    """A media part the coordinator will not accept; the message says what to send instead."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message, param, status=400)
+
+
+class MediaLimits(BaseModel):
+    """Bounds on client media, set from the coordinator's CLI flags."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_image_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    """Largest encoded image (after base64 decoding) (--max-image-bytes)."""
+    max_images_per_request: int = Field(4, ge=0)
+    """Most image parts in one request, over all messages (--max-images-per-request)."""
+    max_image_pixels: int = Field(64 * 1024 * 1024, gt=0)
+    """Largest width*height; guards against small files that decode to huge bitmaps (--max-image-pixels)."""
+    allowed_local_dirs: tuple[Path, ...] = ()
+    """Directories whose files may be named by path or file:// URL; empty disables local paths
+    (--allowed-local-media-dir, repeatable)."""
+    allowed_formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+    """PIL format names accepted; others are refused without being parsed further."""
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One validated image, still encoded as the client sent it."""
+
+    data: bytes
+    format: str
+    """PIL format name, e.g. "PNG"."""
+    width: int
+    height: int
+
+
+_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)$", re.S)
+
+
+_SPACE = re.compile(r"\s")
+
+
+def _mb(n: float) -> str:
+    """Sizes in MB of 2**20 bytes, matching the 8 * 1024 * 1024 defaults of the CLI flags."""
+    return f"{n / 2**20:.3g} MB"
+
+
+def _expected(limits: MediaLimits) -> str:
+    where = ", ".join(str(d) for d in limits.allowed_local_dirs)
+    local = f"an absolute path under {where}" if where else "(local paths are disabled; see --allowed-local-media-dir)"
+    return f"image_url must be a data URL like data:image/png;base64,... or {local}"
+
+
+def base64_decoded_size(b64: str) -> int:
+    """Bytes that `b64` decodes to, from its length alone (so oversized payloads are refused undecoded)."""
+    n = len(b64)
+    pad = 2 if b64.endswith("==") else 1 if b64.endswith("=") else 0
+    return n * 3 // 4 - pad
+
+
+def _too_big(size: int, limits: MediaLimits, param: str | None) -> MediaError:
+    return MediaError(f"image is {_mb(size)}; the limit is {_mb(limits.max_image_bytes)} (--max-image-bytes)", param)
+
+
+def _from_data_url(url: str, limits: MediaLimits, param: str | None) -> bytes:
+    m = _DATA_URL.match(url)
+    if m is None:
+        raise MediaError(f"{_expected(limits)} (a data URL must say ';base64,')", param)
+    mime = m["mime"] or ""
+    if not mime.startswith("image/"):
+        raise MediaError(f"data URL media type is {mime or 'missing'!r}; send an image/* type", param)
+    b64 = m["data"]
+    if _SPACE.search(b64):  # line-wrapped base64 from some encoders
+        b64 = _SPACE.sub("", b64)
+    size = base64_decoded_size(b64)
+    if size > limits.max_image_bytes:
+        raise _too_big(size, limits, param)
+    if len(b64) % 4:
+        raise MediaError("image data is not valid base64 (its length is not a multiple of 4)", param)
+    try:
+        return base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise MediaError(f"image data is not valid base64 ({e})", param) from None
+
+
+def _local_path(url: str, limits: MediaLimits, param: str | None) -> Path:
+    if url.startswith("file:"):
+        parsed = urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise MediaError(f"file:// URLs must name a local file, not host {parsed.netloc!r}", param)
+        raw = unquote(parsed.path)
+    else:
+        raw = url
+    path = Path(raw)
+    if not path.is_absolute():
+        raise MediaError(_expected(limits), param)
+    if not limits.allowed_local_dirs:
+        raise MediaError(_expected(limits), param)
+    # resolve() follows symlinks and '..', so a link inside an allowed dir cannot point outside it.
+    resolved = path.resolve()
+    roots = [Path(d).resolve() for d in limits.allowed_local_dirs]
+    if not any(resolved.is_relative_to(r) for r in roots):
+        raise MediaError(f"{raw} is not under an allowed directory; {_expected(limits)}", param)
+    if not resolved.is_file():
+        raise MediaError(f"image file {raw} does not exist (or is not a regular file)", param)
+    return resolved
+
+
+def _read_file(path: Path, limits: MediaLimits, param: str | None) -> bytes:
+    size = path.stat().st_size
+    if size > limits.max_image_bytes:
+        raise _too_big(size, limits, param)
+    try:
+        with path.open("rb") as f:
+            data = f.read(limits.max_image_bytes + 1)  # the file may have grown since stat()
+    except OSError as e:
+        raise MediaError(f"cannot read image file {path}: {e.strerror}", param) from None
+    if len(data) > limits.max_image_bytes:
+        raise _too_big(len(data), limits, param)
+    return data
+
+
+def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None) -> ImageInput:
+    """Prove `data` is an image of an allowed format and size without decoding its pixels."""
+    if not data:
+        raise MediaError("image is empty", param)
+    if len(data) > limits.max_image_bytes:
+        raise _too_big(len(data), limits, param)
+    allowed = ", ".join(limits.allowed_formats)
+    try:
+        with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
+            fmt, (w, h) = im.format or "", im.size
+            if w * h > limits.max_image_pixels:
+                raise MediaError(
+                    f"image is {w}x{h} = {w * h:,} pixels; "
+                    f"the limit is {limits.max_image_pixels:,} (--max-image-pixels)",
+                    param,
+                )
+            im.verify()
+    except MediaError:
+        raise
+    except Image.DecompressionBombError:
+        raise MediaError(f"image has too many pixels; the limit is {limits.max_image_pixels:,}", param) from None
+    except Image.UnidentifiedImageError:
+        raise MediaError(f"data is not an image in an accepted format ({allowed})", param) from None
+    except Exception as e:  # PIL raises many types for corrupt files (SyntaxError, OSError, struct.error...)
+        raise MediaError(f"image is corrupt: {e}", param) from None
+    return ImageInput(data=data, format=fmt, width=w, height=h)
+
+
+def load_image(url: str, limits: MediaLimits, param: str | None = None) -> ImageInput:
+    """Resolve an `image_url.url` (data URL, absolute path, or file:// URL) to checked image bytes.
+
+    `param` names the field in error messages, e.g. `messages[0].content[1].image_url.url`.
+    """
+    url = url.strip()
+    if url.startswith("data:"):
+        data = _from_data_url(url, limits, param)
+    elif url.startswith(("http://", "https://")):
+        raise MediaError(f"remote image URLs are not fetched; {_expected(limits)}", param)
+    elif url.startswith(("file:", "/")):
+        data = _read_file(_local_path(url, limits, param), limits, param)
+    else:
+        raise MediaError(_expected(limits), param)
+    return check_image_bytes(data, limits, param)

@@ -1,0 +1,25 @@
+"""Prometheus metrics of one coordinator, in an app-owned registry (no module-level state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter("tierserve_requests", "Chat requests by outcome", ["outcome"], registry=r)
+        self.ttft = Histogram("tierserve_ttft_seconds", "Time to first token", buckets=_LAT, registry=r)
+        self.tpot = Histogram("tierserve_tpot_seconds", "Time per output token after the first",
+                              buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1), registry=r)
+        self.e2e = Histogram("tierserve_e2e_seconds", "Arrival to last token", buckets=_LAT, registry=r)
+        self.overhead = Histogram("tierserve_overhead_seconds",
+                                  "End-to-end time outside encode/prefill/decode compute", buckets=_LAT, registry=r)
+        self.tokens = Counter("tierserve_generated_tokens", "Completion tokens produced", registry=r)

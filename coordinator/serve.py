@@ -1,0 +1,51 @@
+"""`python -m coordinator.serve`: the coordinator's HTTP server alone (the launcher starts it this way)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from coordinator.config import CoordinatorConfig
+from coordinator.protocol.logs import setup_logging
+from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+
+
+def add_coordinator_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default: %(default)s)")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="checkpoint dir (default: the tiny LLaVA)")
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="name clients use in `model`")
+    p.add_argument("--key-prefix", default="tierserve", help="namespace of all Redis keys")
+    p.add_argument("--max-image-bytes", type=int, default=8 * 1024 * 1024, help="largest accepted image")
+    p.add_argument("--max-images-per-request", type=int, default=4, help="most images in one request")
+    p.add_argument("--allowed-local-media-dir", type=Path, action="append", default=[],
+                   help="directory image_url may name local files under (repeatable)")
+    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
+
+
+def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        redis_url=redis_url, key_prefix=a.key_prefix, host=a.host, port=a.port, model_dir=a.model,
+        model_name=a.model_name, max_image_bytes=a.max_image_bytes, max_images_per_request=a.max_images_per_request,
+        allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    from coordinator.app import create_app
+
+    p = argparse.ArgumentParser(prog="python -m coordinator.serve", description="Run the tierserve coordinator.")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    add_coordinator_args(p)
+    a = p.parse_args(argv)
+    setup_logging("coordinator")
+    cfg = config_from_args(a, a.redis_url)
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_config=None, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The modality encoder: a real transformers LLaVA vision tower + projector, batched."""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+
+@dataclass
+class EncodedBatch:
+    per_request: list[torch.Tensor]
+    """One [n_image_tokens, hidden] tensor per request, images in prompt order."""
+    image_counts: list[int]
+    seconds: float
+    """Wall time of preprocessing + the forward pass, for the whole batch."""
+
+
+class LlavaImageEncoder:
+    """Loads the checkpoint, keeps only the vision side, encodes many requests' images in one pass.
+
+    The language model is dropped right after loading (on the CPU), so an encode GPU holds only
+    the vision tower and projector.
+    """
+
+    def __init__(self, model_dir: Path, device: str = "cpu"):
+        from transformers import AutoProcessor, LlavaForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.processor = AutoProcessor.from_pretrained(model_dir)
+        model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+        model.model.language_model = None
+        model.lm_head = None
+        self.model = model.model.eval().to(device)
+        self.device = device
+        self.hidden_size = model.config.text_config.hidden_size
+
+    @staticmethod
+    def decode_image(raw: bytes) -> Image.Image:
+        with Image.open(io.BytesIO(raw)) as im:
+            return im.convert("RGB")
+
+    @torch.inference_mode()
+    def encode(self, images_per_request: list[list[bytes]]) -> EncodedBatch:
+        t0 = time.perf_counter()
+        counts = [len(imgs) for imgs in images_per_request]
+        flat = [self.decode_image(raw) for imgs in images_per_request for raw in imgs]
+        feats: list[torch.Tensor] = []
+        if flat:
+            pixels = self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"]
+            out = self.model.get_image_features(pixel_values=pixels.to(self.device))
+            feats = [f.to("cpu", torch.float32) for f in out.pooler_output]
+        per_request, i = [], 0
+        for n in counts:
+            chunk = feats[i : i + n]
+            i += n
+            per_request.append(torch.cat(chunk) if chunk else torch.empty(0, self.hidden_size))
+        return EncodedBatch(per_request, counts, time.perf_counter() - t0)

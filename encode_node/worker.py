@@ -1,0 +1,126 @@
+"""The encode worker process: jobs in from Redis, embeddings out over the transport.
+
+Per loop: take what is queued (up to the batch cap; the coordinator's dispatch policy decides when
+jobs are released onto this stream), fetch the media, run the encoder once for the whole batch in a
+thread (so heartbeats keep flowing), then for each request send its embeddings to a prefill-capable
+LLM worker and tell that worker on its job stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+import torch
+from redis.asyncio import Redis
+
+from coordinator.protocol.keys import Keys
+from coordinator.protocol.messages import EncodeJob, PrefillJob, TokenEvent, WorkerInfo
+from coordinator.protocol.presence import Presence
+from coordinator.protocol.registry import WorkerRegistry, least_loaded
+from coordinator.protocol.streams import JobStream, publish_tokens, push_job
+from encode_node.config import EncodeWorkerConfig
+from encode_node.encoder import LlavaImageEncoder
+from transport.registry import make_sender
+
+log = logging.getLogger(__name__)
+PREFILL_ROLES = frozenset({"prefill", "combined"})
+
+
+class EncodeWorker:
+    def __init__(self, cfg: EncodeWorkerConfig, redis: Redis, encoder: LlavaImageEncoder):
+        self.cfg = cfg
+        self.redis = redis
+        self.keys = Keys(cfg.key_prefix)
+        self.encoder = encoder
+        self.registry = WorkerRegistry(redis, self.keys, cfg.heartbeat_ttl_s)
+        self.jobs = JobStream(redis, self.keys, cfg.worker_id)
+        self.sender = make_sender(cfg.transport)
+        self.in_flight = 0
+        self._rr = 0
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            worker_id=self.cfg.worker_id, role="encode", tier=self.cfg.tier, host=socket.gethostname(),
+            pid=os.getpid(), model=self.cfg.model_name, started_at=time.time(),
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.jobs.open()
+        async with Presence(self.registry, self.info(), lambda: self.in_flight):
+            while not stop.is_set():
+                entries = await self.jobs.read(self.cfg.max_batch_size, block_ms=500)
+                if entries:
+                    await self.handle(entries)
+        await self.sender.close()
+
+    async def handle(self, entries: list) -> None:
+        ids = [entry_id for entry_id, _ in entries]
+        jobs = [j for _, j in entries if isinstance(j, EncodeJob)]
+        self.in_flight = len(jobs)
+        try:
+            if jobs:
+                await self.encode_and_forward(jobs)
+        finally:
+            self.in_flight = 0
+            await self.jobs.ack(*ids)
+
+    async def encode_and_forward(self, jobs: list[EncodeJob]) -> None:
+        media = await self.fetch_media(jobs)
+        ok = [(j, m) for j, m in zip(jobs, media) if m is not None]
+        await self.fail([j for j, m in zip(jobs, media) if m is None], "media expired before encoding")
+        if not ok:
+            return
+        try:
+            batch = await asyncio.to_thread(self.encoder.encode, [m for _, m in ok])
+        except Exception as e:
+            log.exception("encode failed", extra={"batch": len(ok)})
+            await self.fail([j for j, _ in ok], f"encoder failed: {e}")
+            return
+        share = batch.seconds / len(ok)
+        log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
+        targets = await self.registry.alive(PREFILL_ROLES)
+        await asyncio.gather(*(self.forward(j, emb, share, targets) for (j, _), emb in zip(ok, batch.per_request)))
+
+    async def fetch_media(self, jobs: list[EncodeJob]) -> list[list[bytes] | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for j in jobs:
+            for ref in j.media:
+                pipe.get(ref.key)
+        raw = await pipe.execute()
+        out, i = [], 0
+        for j in jobs:
+            chunk = raw[i : i + len(j.media)]
+            i += len(j.media)
+            out.append(None if any(c is None for c in chunk) else list(chunk))
+        return out
+
+    async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, targets: list) -> None:
+        self._rr += 1
+        target = least_loaded(targets, self._rr)
+        if target is None:
+            await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")
+            return
+        t0 = time.perf_counter()
+        try:
+            descs = await self.sender.send(target.info.transport_address, job.request_id, {"image_embeds": emb})
+        except Exception as e:
+            await self.fail([job], f"sending embeddings to {target.info.worker_id} failed: {e}")
+            return
+        timing = job.timing.model_copy(update={"encode_s": encode_s, "transfer_s": time.perf_counter() - t0})
+        prefill = PrefillJob(
+            request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
+            arrival=job.arrival, timing=timing, embeddings=descs,
+        )
+        await push_job(self.redis, self.keys, target.info.worker_id, prefill)
+
+    async def fail(self, jobs: list[EncodeJob], reason: str) -> None:
+        if jobs:
+            log.error("requests failed", extra={"requests": [j.request_id for j in jobs], "reason": reason})
+            await publish_tokens(self.redis, self.keys, [
+                (j.request_id, TokenEvent(finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
+                for j in jobs
+            ])

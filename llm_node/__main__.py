@@ -1,0 +1,74 @@
+"""`python -m llm_node --worker-id l0 --role combined ...`: run one LLM worker until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from coordinator.protocol.logs import setup_logging
+from coordinator.protocol.models import DEFAULT_MODEL_DIR
+from llm_node.config import LLMWorkerConfig
+
+
+def parse(argv: list[str] | None) -> LLMWorkerConfig:
+    p = argparse.ArgumentParser(prog="python -m llm_node", description="Run one tierserve LLM worker.")
+    p.add_argument("--worker-id", required=True, help="unique id in the cluster registry")
+    p.add_argument("--role", choices=["combined", "prefill", "decode"], default="combined",
+                   help="combined = prefill+decode here; prefill hands KV to a decode worker")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--key-prefix", default="tierserve", help="namespace of all Redis keys")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="local checkpoint dir (default: tiny LLaVA)")
+    p.add_argument("--model-name", default="tiny-llava")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences per engine step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096, help="most prompt tokens prefilled per step")
+    p.add_argument("--transport", default="local", help="embedding/KV transport backend")
+    p.add_argument("--tier", default="cpu", help="GPU tier name from the catalog, or cpu")
+    a = p.parse_args(argv)
+    return LLMWorkerConfig(
+        worker_id=a.worker_id, role=a.role, redis_url=a.redis_url, key_prefix=a.key_prefix, model_dir=a.model,
+        model_name=a.model_name, threads=a.threads, max_num_seqs=a.max_num_seqs,
+        max_num_batched_tokens=a.max_num_batched_tokens, transport=a.transport, tier=a.tier,
+    )
+
+
+async def amain(cfg: LLMWorkerConfig) -> None:
+    import torch
+    from redis.asyncio import Redis
+    from transformers import AutoTokenizer, LlavaForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    from llm_node.engine import EngineConfig, ReferenceEngine
+    from llm_node.worker import LLMWorker
+    from transport.registry import make_receiver, make_sender
+
+    torch.set_num_threads(cfg.threads)
+    hf_logging.disable_progress_bar()
+    model = LlavaForConditionalGeneration.from_pretrained(cfg.model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
+    engine = ReferenceEngine(model, tokenizer, EngineConfig(
+        role=cfg.role, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens))
+    redis = Redis.from_url(cfg.redis_url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    worker = LLMWorker(cfg, redis, engine, make_receiver(cfg.transport, cfg.worker_id), make_sender(cfg.transport))
+    try:
+        await worker.run(stop)
+    finally:
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(argv)
+    setup_logging(f"llm:{cfg.worker_id}")
+    asyncio.run(amain(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""The local backend: tensors over a Unix socket or loopback TCP, between processes on one host.
+
+It is the sibling of the UCX/NIXL backends for tests and single-host setups. One frame carries one
+send(): magic+version, u32 header length, a JSON list of TensorDescriptors, then the raw payloads in
+descriptor order. The receiver verifies every tensor before it replies, so send() returning means
+the bytes arrived intact; the reply is one status byte, a u32 length and an error text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from transport.base import EmbeddingReceiver, EmbeddingSender, TransportError
+from transport.wire import TensorDescriptor, WireError, describe, rebuild
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TSRV"
+VERSION = 1
+PREFIX = struct.Struct("!4sBI")  # magic, version, header length
+REPLY = struct.Struct("!BI")  # status, error text length
+OK, REJECTED, FATAL = 0, 1, 2  # FATAL: the receiver closes the connection after replying
+CHUNK = 4 << 20
+"""Payloads move in slices of this size: Python 3.11's transport copies unsent bytes into its buffer,
+so slicing bounds that copy, and the receiver never holds a whole frame in the stream buffer."""
+_DESCS = TypeAdapter(list[TensorDescriptor])
+
+
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
+    """("unix", path) or ("tcp", (host, port)); anything else is a TransportError."""
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme == "unix" and rest:
+        return "unix", rest
+    if sep and scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit():
+            return "tcp", (host.strip("[]"), int(port))
+    raise TransportError(f"unknown address {address!r}: the local backend takes unix:///path/to.sock or tcp://127.0.0.1:PORT")
+
+
+async def _open(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    kind, where = parse_address(address)
+    if kind == "unix":
+        return await asyncio.open_unix_connection(where)
+    return await asyncio.open_connection(*where)
+
+
+@dataclass
+class _Conn:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class LocalSender(EmbeddingSender):
+    """Pushes tensors to LocalReceivers over one persistent connection per peer, one send at a time."""
+
+    def __init__(self, *, timeout: float = 120.0, connect_timeout: float = 5.0) -> None:
+        self.timeout = timeout
+        """Seconds one send may take from first byte to the receiver's reply."""
+        self.connect_timeout = connect_timeout
+        self._conns: dict[str, _Conn] = {}
+
+    async def send(self, peer: str, request_id: str, tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
+        described = [describe(request_id, name, t) for name, t in tensors.items()]
+        descs = [d for d, _ in described]
+        header = _DESCS.dump_json(descs)
+        head = PREFIX.pack(MAGIC, VERSION, len(header)) + header
+        conn = self._conns.get(peer) or self._conns.setdefault(peer, _Conn())
+        async with conn.lock:
+            for attempt in (1, 2):
+                # A pooled connection may have been closed by a restarted receiver: retry it once, fresh.
+                reused = conn.writer is not None and not conn.reader.at_eof()
+                if not reused:
+                    conn.close()
+                    await self._connect(peer, conn)
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        status, text = await self._exchange(conn, head, described)
+                    break
+                except (ConnectionError, asyncio.IncompleteReadError) as e:
+                    conn.close()
+                    if reused and attempt == 1:
+                        continue
+                    raise TransportError(f"connection to {peer} broke while sending {request_id}: {e!r}") from e
+                except TimeoutError:
+                    conn.close()
+                    raise TransportError(f"{peer} did not confirm {request_id} within {self.timeout}s") from None
+                except BaseException:
+                    conn.close()  # cancelled mid-frame: the stream is out of step
+                    raise
+            if status != OK:
+                conn.close()  # the receiver may have hung up, or refused before the frame was complete
+        if status != OK:
+            raise TransportError(f"{peer} rejected {request_id}: {text}")
+        return descs
+
+    async def _connect(self, peer: str, conn: _Conn) -> None:
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                conn.reader, conn.writer = await _open(peer)
+        except TimeoutError:
+            raise TransportError(f"timed out connecting to {peer}: is the receiving worker alive?") from None
+        except OSError as e:
+            raise TransportError(
+                f"cannot connect to {peer} ({e.strerror or e}): is the receiving worker running, "
+                "and is the address it published in the registry current?"
+            ) from e
+
+    @staticmethod
+    async def _exchange(
+        conn: _Conn, head: bytes, described: list[tuple[TensorDescriptor, memoryview]]
+    ) -> tuple[int, str]:
+        """Stream one frame while already listening for the reply: a receiver that refuses a frame answers
+        before it is complete and hangs up, and its reason must not be lost in the connection reset."""
+        writer = conn.writer
+        reply = asyncio.ensure_future(_read_reply(conn.reader))
+        try:
+            writer.write(head)
+            for _, raw in described:
+                for start in range(0, raw.nbytes, CHUNK):
+                    if reply.done():
+                        return reply.result()
+                    writer.write(raw[start : start + CHUNK])
+                    await writer.drain()
+            await writer.drain()
+        except ConnectionError:
+            await asyncio.wait({reply}, timeout=1.0)  # the refusal may still be on its way
+            if not reply.done() or reply.exception() is not None:
+                raise
+        try:
+            return await reply
+        finally:
+            reply.cancel()
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+
+class _Reject(Exception):
+    def __init__(self, text: str, status: int) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+class LocalReceiver(EmbeddingReceiver):
+    """Accepts frames, verifies them, and holds the tensors until recv() claims them or the TTL ends."""
+
+    def __init__(
+        self, address: str, *, ttl: float = 300.0, max_payload: int = 4 << 30, max_header: int = 1 << 20
+    ) -> None:
+        self._kind, self._where = parse_address(address)
+        if self._kind == "tcp" and self._where[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise TransportError(f"{address}: the local backend listens on loopback only (it has no authentication)")
+        self._address = address
+        self.ttl = ttl
+        """Seconds after its last arrival that an unclaimed request is dropped, so memory cannot leak."""
+        self.max_payload = max_payload
+        """Largest total payload of one frame in bytes; bigger frames get an error reply."""
+        self.max_header = max_header
+        self._server: asyncio.Server | None = None
+        self._inode: int | None = None
+        self._handlers: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        self._arrived: dict[str, dict[str, tuple[TensorDescriptor, torch.Tensor]]] = {}
+        self._expiry: dict[str, asyncio.TimerHandle] = {}
+        self._arrival = asyncio.Condition()
+        """Notified on every arrival; each waiting recv() rechecks its own request."""
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes arrived but not yet claimed (a gauge for metrics and tests)."""
+        return sum(d.nbytes for per in self._arrived.values() for d, _ in per.values())
+
+    async def start(self) -> None:
+        if self._kind == "tcp":
+            self._server = await asyncio.start_server(self._serve, *self._where, limit=CHUNK)
+            host = self._where[0]
+            self._address = f"tcp://{f'[{host}]' if ':' in host else host}:{self._server.sockets[0].getsockname()[1]}"
+            return
+        path = self._where
+        if len(os.fsencode(path)) > 107:
+            raise TransportError(f"unix socket path {path!r} is longer than 107 bytes; choose a shorter runtime dir")
+        _remove_stale_socket(path)
+        self._server = await asyncio.start_unix_server(self._serve, path, limit=CHUNK)
+        self._inode = os.stat(path).st_ino
+
+    async def recv(self, descriptors: list[TensorDescriptor], timeout: float = 30.0) -> dict[str, torch.Tensor]:
+        rid = descriptors[0].request_id if descriptors else ""
+        if any(d.request_id != rid for d in descriptors) or len({d.name for d in descriptors}) != len(descriptors):
+            raise ValueError(f"recv() takes distinct tensors of one request, got {_names(descriptors)}")
+        try:
+            async with asyncio.timeout(timeout), self._arrival:
+                await self._arrival.wait_for(lambda: self._has(rid, descriptors))
+        except TimeoutError:
+            raise TransportError(
+                f"{rid}: tensors {[d.name for d in descriptors]} did not all arrive at {self.address} within "
+                f"{timeout}s (arrived: {sorted(self._arrived.get(rid, {}))}); was the send made to this address, "
+                f"and claimed within ttl={self.ttl}s?"
+            ) from None
+        per = self._arrived.get(rid, {})
+        for d in descriptors:
+            if per[d.name][0] != d:
+                raise TransportError(f"{rid}/{d.name}: asked for {d!r} but received {per[d.name][0]!r}")
+        out = {d.name: per.pop(d.name)[1] for d in descriptors}
+        if not per:
+            self._drop(rid)
+        return out
+
+    async def discard(self, request_id: str) -> None:
+        self._drop(request_id)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for writer in self._handlers.values():
+            writer.close()  # the handler then reads EOF and ends; cancelling it would log a spurious error
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        for rid in list(self._arrived):
+            self._drop(rid)
+        async with self._arrival:
+            self._arrival.notify_all()  # waiting recv() calls fail now rather than at their timeout
+        if self._inode is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self._where).st_ino == self._inode:  # not a successor's socket
+                    os.unlink(self._where)
+            self._inode = None
+        self._server = None
+
+    def _has(self, rid: str, descriptors: list[TensorDescriptor]) -> bool:
+        if self._closed:
+            raise TransportError(f"receiver {self.address} closed while waiting for {rid}")
+        per = self._arrived.get(rid, {})
+        return all(d.name in per for d in descriptors)
+
+    def _drop(self, rid: str) -> None:
+        self._arrived.pop(rid, None)
+        handle = self._expiry.pop(rid, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _expire(self, rid: str) -> None:
+        log.warning("dropping unclaimed tensors %s of %s after %ss", sorted(self._arrived.get(rid, {})), rid, self.ttl)
+        self._drop(rid)
+
+    async def _store(self, rid: str, tensors: dict[str, tuple[TensorDescriptor, torch.Tensor]]) -> None:
+        self._arrived.setdefault(rid, {}).update(tensors)
+        old = self._expiry.pop(rid, None)
+        if old is not None:
+            old.cancel()
+        self._expiry[rid] = asyncio.get_running_loop().call_later(self.ttl, self._expire, rid)
+        async with self._arrival:
+            self._arrival.notify_all()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._handlers[task] = writer
+        try:
+            while prefix := await reader.read(PREFIX.size):
+                if len(prefix) < PREFIX.size:
+                    prefix += await reader.readexactly(PREFIX.size - len(prefix))
+                status, text = OK, ""
+                try:
+                    await self._take_frame(reader, prefix)
+                except _Reject as e:
+                    status, text = e.status, str(e)
+                    log.warning("rejected a frame at %s: %s", self.address, text)
+                writer.write(REPLY.pack(status, len(body := text.encode()[:4096])) + body)
+                await writer.drain()
+                if status == FATAL:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the sender went away mid-frame; it will see the error on its side
+        finally:
+            writer.close()
+            self._handlers.pop(task, None)
+
+    async def _take_frame(self, reader: asyncio.StreamReader, prefix: bytes) -> None:
+        magic, version, hlen = PREFIX.unpack(prefix)
+        if magic != MAGIC or version != VERSION:
+            raise _Reject(f"not a tierserve frame: magic {magic!r} v{version}, expected {MAGIC!r} v{VERSION}", FATAL)
+        if hlen > self.max_header:
+            raise _Reject(f"header of {hlen} bytes exceeds max_header={self.max_header}", FATAL)
+        try:
+            descs = _DESCS.validate_json(await reader.readexactly(hlen))
+        except ValidationError as e:
+            raise _Reject(f"invalid header: {e.error_count()} errors, first: {e.errors()[0]['msg']}", FATAL) from None
+        if len({d.request_id for d in descs}) > 1 or len({d.name for d in descs}) != len(descs):
+            raise _Reject(f"a frame carries distinct tensors of one request, got {_names(descs)}", FATAL)
+        total = sum(d.nbytes for d in descs)
+        if total > self.max_payload:
+            raise _Reject(f"payload of {total} bytes exceeds max_payload={self.max_payload} of {self.address}", FATAL)
+        tensors, errors = {}, []
+        for d in descs:
+            raw = await _read_exactly_into(reader, d.nbytes)
+            try:
+                tensors[d.name] = (d, rebuild(d, raw))
+            except (WireError, RuntimeError, ValueError) as e:  # keep reading: the stream stays in step
+                errors.append(str(e))
+        if errors:
+            raise _Reject("; ".join(errors), REJECTED)
+        if descs:
+            await self._store(descs[0].request_id, tensors)
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, str]:
+    status, n = REPLY.unpack(await reader.readexactly(REPLY.size))
+    return status, (await reader.readexactly(n)).decode(errors="replace")
+
+
+async def _read_exactly_into(reader: asyncio.StreamReader, n: int) -> bytearray:
+    """Read n bytes into a fresh bytearray, which rebuild() then views as a tensor without a copy."""
+    buf = bytearray(n)
+    with memoryview(buf) as view:
+        got = 0
+        while got < n:
+            chunk = await reader.read(min(n - got, CHUNK))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", n)
+            view[got : got + len(chunk)] = chunk
+            got += len(chunk)
+    return buf
+
+
+def _names(descs: list[TensorDescriptor]) -> list[tuple[str, str]]:
+    return [(d.request_id, d.name) for d in descs]
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Unlink a socket file left by a dead receiver, but never steal one that a live receiver serves."""
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise TransportError(f"{path} exists and is not a socket; refusing to replace it")
+    except FileNotFoundError:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)
+            return
+    raise TransportError(f"{path} is served by a live receiver; is another worker using the same id?")

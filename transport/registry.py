@@ -1,0 +1,78 @@
+"""Transport backends by name, imported only when chosen, so the CPU suite never needs GPU packages."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transport.base import EmbeddingReceiver, EmbeddingSender, TransportError
+
+
+@dataclass(frozen=True)
+class _Backend:
+    module: str
+    sender: str
+    receiver: str
+    package: str
+    """The pip package the backend needs beyond tierserve's own dependencies ("" if none)."""
+
+
+_BACKENDS = {
+    "local": _Backend("transport.local", "LocalSender", "LocalReceiver", ""),
+    "ucx": _Backend("transport.ucx", "UcxSender", "UcxReceiver", "ucxx"),
+    "nixl": _Backend("transport.nixl", "NixlSender", "NixlReceiver", "nixl"),
+}
+
+
+def _load(kind: str, attr: str) -> Any:
+    backend = _BACKENDS.get(kind)
+    if backend is None:
+        raise ValueError(f"unknown transport {kind!r}; known: {sorted(_BACKENDS)}")
+    try:
+        module = importlib.import_module(backend.module)
+    except ModuleNotFoundError as e:
+        if e.name == backend.module:
+            raise TransportError(
+                f"the {kind} transport is not implemented yet in this version of tierserve (it will need the "
+                f"{backend.package} package: pip install 'tierserve[{kind}]'); use transport 'local' on one host"
+            ) from None
+        raise TransportError(f"the {kind} transport needs {e.name}: pip install 'tierserve[{kind}]'") from e
+    return getattr(module, getattr(backend, attr))
+
+
+def default_local_address(worker_id: str, runtime_dir: str | os.PathLike | None = None) -> str:
+    """unix://<runtime_dir>/<worker_id>.sock; the directory defaults to $TMPDIR/tierserve-<uid>, private to the user."""
+    if not worker_id or "/" in worker_id or "\0" in worker_id or worker_id.startswith("."):
+        raise ValueError(f"worker id {worker_id!r} cannot name a socket file (no '/', NUL or leading '.')")
+    base = Path(runtime_dir) if runtime_dir is not None else Path(tempfile.gettempdir()) / f"tierserve-{os.getuid()}"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if base.stat().st_uid != os.getuid():  # e.g. pre-created in a shared /tmp by someone else
+        raise TransportError(f"{base} belongs to uid {base.stat().st_uid}, not {os.getuid()}; pick another runtime_dir")
+    return f"unix://{base / worker_id}.sock"
+
+
+def make_sender(kind: str, **opts: Any) -> EmbeddingSender:
+    """A sender of the named backend; `opts` go to its constructor (e.g. timeout for local)."""
+    return _load(kind, "sender")(**opts)
+
+
+def make_receiver(kind: str, worker_id: str, **opts: Any) -> EmbeddingReceiver:
+    """A receiver of the named backend for one worker.
+
+    For "local": `address` if given; else tcp on a free loopback port when `tcp=True`; else a Unix socket
+    from `default_local_address(worker_id, runtime_dir)`. The remaining `opts` (ttl, max_payload) go to
+    the receiver. Other backends get `worker_id` and `opts` as they are.
+    """
+    cls = _load(kind, "receiver")
+    if kind != "local":
+        return cls(worker_id, **opts)
+    address = opts.pop("address", None)
+    tcp = opts.pop("tcp", False)
+    runtime_dir = opts.pop("runtime_dir", None)
+    if address is None:
+        address = "tcp://127.0.0.1:0" if tcp else default_local_address(worker_id, runtime_dir)
+    return cls(address, **opts)
