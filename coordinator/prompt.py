@@ -142,8 +142,8 @@ class PromptBuilder:
                     has_user_content = True
                     parts.append({"type": "image"})
                 elif isinstance(part, InputAudioPart):
-                    msg = "audio input is not supported: no audio encoder is configured for this model"
-                    raise RequestError(msg, param)
+                    raise RequestError("audio encoder not configured: this deployment serves no audio "
+                                       "encoder yet, so input_audio parts cannot be answered", param)
                 elif isinstance(part, VideoPart):
                     raise RequestError("video input is not supported yet; send the frames as image_url parts", param)
             out.append({"role": role, "content": parts})

@@ -100,6 +100,8 @@ class EncodeWorker:
 
     async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, targets: list) -> None:
         self._rr += 1
+        if job.prefill_worker is not None:
+            targets = [t for t in targets if t.info.worker_id == job.prefill_worker]
         target = least_loaded(targets, self._rr)
         if target is None:
             await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")

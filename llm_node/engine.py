@@ -1,7 +1,7 @@
 """The reference PyTorch engine of an LLM node: continuous batching over a Hugging Face model.
 
     plan = self.schedule()      # which sequences prefill and which decode (llm_node/scheduler.py)
-    out = self.execute(plan)    # batched forwards and sampling; touches no sequence state
+    out = self.execute(plan)    # batched forwards and sampling; changes no sequence state
     return self.update(plan, out)  # append tokens, detokenize, finish, hand off
 
 Roles are modes of this one engine (see llm_node/scheduler.py). It is exact: the tokens and

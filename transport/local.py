@@ -33,6 +33,9 @@ OK, REJECTED, FATAL = 0, 1, 2  # FATAL: the receiver closes the connection after
 CHUNK = 4 << 20
 """Payloads move in slices of this size: Python 3.11's transport copies unsent bytes into its buffer,
 so slicing bounds that copy, and the receiver never holds a whole frame in the stream buffer."""
+OFF_LOOP = 1 << 20
+"""Tensors of at least this many bytes are checksummed in a worker thread (zlib releases the GIL), so a
+large transfer does not stall the event loop that also drives the worker's engine."""
 _DESCS = TypeAdapter(list[TensorDescriptor])
 
 
@@ -77,7 +80,7 @@ class LocalSender(EmbeddingSender):
         self._conns: dict[str, _Conn] = {}
 
     async def send(self, peer: str, request_id: str, tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
-        described = [describe(request_id, name, t) for name, t in tensors.items()]
+        described = [await _off_loop(t.nbytes, describe, request_id, name, t) for name, t in tensors.items()]
         descs = [d for d, _ in described]
         header = _DESCS.dump_json(descs)
         head = PREFIX.pack(MAGIC, VERSION, len(header)) + header
@@ -131,22 +134,23 @@ class LocalSender(EmbeddingSender):
         writer = conn.writer
         reply = asyncio.ensure_future(_read_reply(conn.reader))
         try:
-            writer.write(head)
-            for _, raw in described:
-                for start in range(0, raw.nbytes, CHUNK):
-                    if reply.done():
-                        return reply.result()
-                    writer.write(raw[start : start + CHUNK])
-                    await writer.drain()
-            await writer.drain()
-        except ConnectionError:
-            await asyncio.wait({reply}, timeout=1.0)  # the refusal may still be on its way
-            if not reply.done() or reply.exception() is not None:
-                raise
-        try:
+            try:
+                writer.write(head)
+                for _, raw in described:
+                    for start in range(0, raw.nbytes, CHUNK):
+                        if reply.done():
+                            return reply.result()
+                        writer.write(raw[start : start + CHUNK])
+                        await writer.drain()
+                await writer.drain()
+            except ConnectionError:
+                await asyncio.wait({reply}, timeout=1.0)  # the refusal may still be on its way
+                if not reply.done() or reply.exception() is not None:
+                    raise
             return await reply
         finally:
-            reply.cancel()
+            if not reply.cancel() and not reply.cancelled():
+                reply.exception()  # retrieved, so an abandoned failure is not logged as unhandled
 
     async def close(self) -> None:
         for conn in self._conns.values():
@@ -243,7 +247,7 @@ class LocalReceiver(EmbeddingReceiver):
         for rid in list(self._arrived):
             self._drop(rid)
         async with self._arrival:
-            self._arrival.notify_all()  # waiting recv() calls fail now rather than at their timeout
+            pass  # waiting recv() calls fail now rather than at their timeout
         if self._inode is not None:
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self._where).st_ino == self._inode:  # not a successor's socket
@@ -318,7 +322,7 @@ class LocalReceiver(EmbeddingReceiver):
         for d in descs:
             raw = await _read_exactly_into(reader, d.nbytes)
             try:
-                tensors[d.name] = (d, rebuild(d, raw))
+                tensors[d.name] = (d, await _off_loop(d.nbytes, rebuild, d, raw))
             except (WireError, RuntimeError, ValueError) as e:  # keep reading: the stream stays in step
                 errors.append(str(e))
         if errors:
@@ -327,22 +331,25 @@ class LocalReceiver(EmbeddingReceiver):
             await self._store(descs[0].request_id, tensors)
 
 
+async def _off_loop(nbytes: int, fn, *args):
+    return await asyncio.to_thread(fn, *args) if nbytes >= OFF_LOOP else fn(*args)
+
+
 async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, str]:
     status, n = REPLY.unpack(await reader.readexactly(REPLY.size))
     return status, (await reader.readexactly(n)).decode(errors="replace")
 
 
 async def _read_exactly_into(reader: asyncio.StreamReader, n: int) -> bytearray:
-    """Read n bytes into a fresh bytearray, which rebuild() then views as a tensor without a copy."""
-    buf = bytearray(n)
-    with memoryview(buf) as view:
-        got = 0
-        while got < n:
-            chunk = await reader.read(min(n - got, CHUNK))
-            if not chunk:
-                raise asyncio.IncompleteReadError(b"", n)
-            view[got : got + len(chunk)] = chunk
-            got += len(chunk)
+    """Read n bytes into a bytearray, which rebuild() views as a tensor without a copy. It grows as bytes
+    arrive (realloc moves pages, not bytes) rather than being zero-filled up front, which for a large
+    tensor would stall the event loop for as long as the copy itself."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await reader.read(min(n - len(buf), CHUNK))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"", n)
+        buf += chunk
     return buf
 
 

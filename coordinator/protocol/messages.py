@@ -61,6 +61,8 @@ class MediaRef(BaseModel):
 class EncodeJob(_Job):
     kind: Literal["encode"] = "encode"
     media: list[MediaRef]
+    prefill_worker: str | None = None
+    """Pin the prefill to this worker; None lets the encode worker choose (the control point)."""
 
 
 class PrefillJob(_Job):

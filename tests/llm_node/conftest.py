@@ -97,7 +97,10 @@ def cases(make_case) -> list[Case]:
         make_case("one-image", "describe the image", [(300, 200)], 8, seed=1),
         make_case("text-only", "what is this", [], 5, seed=2),
         make_case("two-images", "tell me about the two pictures please", [(224, 400), (512, 256)], 12, seed=3),
-        make_case("one-image-long-text", "what color is the sky in this photo and what is at the left", [(480, 640)], 10, seed=4),
+        make_case(
+            "one-image-long-text", "what color is the sky in this photo and what is at the left", [(480, 640)], 10,
+            seed=4,
+        ),
     ]
 
 
@@ -167,8 +170,6 @@ def mismatches(case: Case, tokens: list[int], logits: list[torch.Tensor], atol: 
         problems.append(f"{case.name}: {len(logits)} logit steps != reference {len(case.ref_logits)}")
     for i, (got, want) in enumerate(zip(logits, case.ref_logits)):
         diff = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
-        import os
-        if os.environ.get("PROBE"): print("DIFF", case.name, i, diff)
         if not diff < atol:
             problems.append(f"{case.name}: step {i} logits max-abs-diff {diff:.3g} >= {atol}")
     return problems

@@ -74,7 +74,8 @@ def test_comparator_reports_swapped_embeddings(cases, make_engine, case_request,
     a, b = cases[0], cases[3]
     assert a.mm_embeddings.shape == b.mm_embeddings.shape and not torch.equal(a.mm_embeddings, b.mm_embeddings)
     engine = make_engine("combined")
-    runs = drive(engine, {0: [case_request(a, mm_embeddings=b.mm_embeddings), case_request(b, mm_embeddings=a.mm_embeddings)]})
+    swapped = [case_request(a, mm_embeddings=b.mm_embeddings), case_request(b, mm_embeddings=a.mm_embeddings)]
+    runs = drive(engine, {0: swapped})
     assert compare(a, runs[a.name].tokens, runs[a.name].logits)
     assert compare(b, runs[b.name].tokens, runs[b.name].logits)
 

@@ -1,0 +1,55 @@
+"""A real local cluster (separate processes on a real Redis) shared by the integration tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.launcher import ClusterSpec, LocalCluster
+from coordinator.redis_server import free_port
+
+MAX_IMAGE_BYTES = 300_000
+
+
+@pytest.fixture(scope="session")
+def cluster(redis_url, tmp_path_factory):
+    """One encode worker; a combined worker and a prefill -> decode pair, so both LLM paths are live."""
+    import uuid
+
+    import redis
+
+    prefix = f"tstest-{uuid.uuid4().hex[:10]}"
+    spec = ClusterSpec(
+        encode_workers=1, llm_roles=["combined", "prefill", "decode"], redis_url=redis_url, key_prefix=prefix,
+        port=free_port(), coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES)],
+    )
+    c = LocalCluster(spec, tmp_path_factory.mktemp("cluster-logs"))
+    c.start(timeout_s=180)
+    try:
+        yield c
+    finally:
+        c.stop()
+        r = redis.Redis.from_url(redis_url)
+        keys = list(r.scan_iter(f"{prefix}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    import torch
+    import transformers
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from coordinator.protocol.models import DEFAULT_MODEL_DIR
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(2)
+    return (LlavaForConditionalGeneration.from_pretrained(DEFAULT_MODEL_DIR).eval(),
+            AutoProcessor.from_pretrained(DEFAULT_MODEL_DIR))
+
+
+@pytest.fixture(scope="session")
+def max_image_bytes() -> int:
+    """The coordinator's --max-image-bytes in the shared cluster."""
+    return MAX_IMAGE_BYTES

@@ -1,0 +1,90 @@
+"""Bad input gets a 4xx with a reason, and the coordinator keeps serving afterwards."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _data_url(raw: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(raw).decode()
+
+
+def _png(h: int = 64, w: int = 64, noise: bool = False) -> bytes:
+    arr = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8) if noise else np.zeros((h, w, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _body(*urls: str, text: str = "hi", **extra) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls] + [{"type": "text", "text": text}]
+    return {"model": "tiny-llava", "messages": [{"role": "user", "content": parts}], "max_tokens": 4, **extra}
+
+
+def _post(cluster, **kw) -> httpx.Response:
+    return httpx.post(f"{cluster.url}/v1/chat/completions", timeout=30, **kw)
+
+
+def _error(r: httpx.Response, status: int, *needles: str) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    for n in needles:
+        assert n in err["message"], err
+    return err
+
+
+def test_invalid_json(cluster):
+    _error(_post(cluster, content=b"{not json", headers={"content-type": "application/json"}), 400, "not valid JSON")
+
+
+def test_unknown_model(cluster):
+    err = _error(_post(cluster, json={**_body(_data_url(_png())), "model": "gpt-9"}), 404, "gpt-9", "tiny-llava")
+    assert err["param"] == "model"
+
+
+def test_data_url_that_is_not_an_image(cluster):
+    err = _error(_post(cluster, json=_body(_data_url(b"hello, I am text", "image/png"))), 400, "image")
+    assert "image_url" in (err["param"] or "")
+
+
+def test_image_over_size_limit(cluster, max_image_bytes):
+    big = _png(400, 400, noise=True)
+    assert len(big) > max_image_bytes
+    _error(_post(cluster, json=_body(_data_url(big))), 400, "limit")
+
+
+def test_too_many_images(cluster):
+    url = _data_url(_png())
+    _error(_post(cluster, json=_body(*[url] * 5)), 400, "5 images", "limit is 4")
+
+
+def test_empty_messages(cluster):
+    _error(_post(cluster, json={"model": "tiny-llava", "messages": [], "max_tokens": 4}), 400, "messages")
+
+
+@pytest.mark.parametrize("max_tokens", [0, -3])
+def test_non_positive_max_tokens(cluster, max_tokens):
+    err = _error(_post(cluster, json=_body(_data_url(_png()), max_tokens=max_tokens)), 400, "max_tokens")
+    assert err["param"] == "max_tokens"
+
+
+def test_audio_not_configured(cluster):
+    body = {"model": "tiny-llava", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF....").decode(), "format": "wav"}}]}]}
+    _error(_post(cluster, json=body), 400, "audio encoder not configured")
+
+
+def test_still_serving_after_bad_input(cluster):
+    for _ in range(3):
+        _post(cluster, content=b"[]", headers={"content-type": "application/json"})
+    r = _post(cluster, json=_body(_data_url(_png(), "image/png"), temperature=0))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
