@@ -71,6 +71,14 @@ class LocalCluster:
         self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout_s: float) -> None:
         s = self.spec
         if not self.redis_url:
             self.redis = PrivateRedis().start()
@@ -84,12 +92,7 @@ class LocalCluster:
         self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
-        try:
-            self.wait_ready(s.encode_workers + len(s.llm_roles), timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self.wait_ready(s.encode_workers + len(s.llm_roles), timeout_s)
 
     def wait_ready(self, n_workers: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -80,10 +80,10 @@ class EncodeWorker:
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
-        share = batch.seconds / len(ok)
+        # Each request waited for the whole batch: charge it the batch's wall time (latency view).
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
         targets = await self.registry.alive(PREFILL_ROLES)
-        await asyncio.gather(*(self.forward(j, emb, share, targets) for (j, _), emb in zip(ok, batch.per_request)))
+        await asyncio.gather(*(self.forward(j, emb, batch.seconds, targets) for (j, _), emb in zip(ok, batch.per_request)))
 
     async def fetch_media(self, jobs: list[EncodeJob]) -> list[list[bytes] | None]:
         pipe = self.redis.pipeline(transaction=False)

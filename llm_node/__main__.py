@@ -56,7 +56,9 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    worker = LLMWorker(cfg, redis, engine, make_receiver(cfg.transport, cfg.worker_id), make_sender(cfg.transport))
+    # The prefix is part of the receiver's name so two clusters on one host never share a socket.
+    receiver = make_receiver(cfg.transport, f"{cfg.key_prefix}-{cfg.worker_id}")
+    worker = LLMWorker(cfg, redis, engine, receiver, make_sender(cfg.transport))
     try:
         await worker.run(stop)
     finally:

@@ -80,10 +80,10 @@ class StepOutput:
     handoff_kv: torch.Tensor | None = None
     """Prefill role: the request continues elsewhere; its KV cache [layers, 2, kv_heads, L, head_dim]."""
     prefill_s: float = 0.0
-    """Compute seconds of this step's prefill charged to the request (its even share of the batch);
-    sum over outputs for the total (Sequence.prefill_s keeps the running total)."""
+    """Wall seconds of this step if it produced the request's first token (the whole batched step,
+    which the request waited for); sum over outputs for the total (Sequence.prefill_s keeps it)."""
     decode_s: float = 0.0
-    """Compute seconds of this step's decode charged to the request, likewise."""
+    """Wall seconds of this step if the request decoded in it, likewise."""
 
 
 @dataclass
@@ -205,19 +205,20 @@ class ReferenceEngine:
     def update(self, plan: StepPlan, out: ExecuteOutput) -> list[StepOutput]:
         """Apply the step's results to its sequences; returns one output per sequence in the plan."""
         outputs = []
+        # Every sequence in the step waits for the whole step (its prefills and its decodes), so each
+        # is charged the step's full wall time: the latency view, which overhead = e2e - compute needs.
+        step_s = out.prefill_s + out.decode_s
         for i, seq in enumerate(plan.prefills):
             seq.kv, seq.mm_embeddings = out.prefill_kvs[i], None
-            share = out.prefill_s / len(plan.prefills)
-            seq.prefill_s += share
+            seq.prefill_s += step_s
             output = self._advance(seq, out.prefill_tokens[i], out.prefill_logits[i], was_prefill=True)
-            output.prefill_s = share
+            output.prefill_s = step_s
             outputs.append(output)
         for i, seq in enumerate(plan.decodes):
             seq.kv.append(out.decode_new_kv[:, :, i])
-            share = out.decode_s / len(plan.decodes)
-            seq.decode_s += share
+            seq.decode_s += step_s
             output = self._advance(seq, out.decode_tokens[i], out.decode_logits[i], was_prefill=False)
-            output.decode_s = share
+            output.decode_s = step_s
             outputs.append(output)
         return outputs
 

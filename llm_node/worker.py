@@ -116,9 +116,7 @@ class LLMWorker:
 
     async def engine_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            for req in self.pending:
-                self.engine.add(req)
-            self.pending.clear()
+            await self.admit_pending()
             for rid in self.aborted:
                 self.engine.abort(rid)
                 self.jobs_by_id.pop(rid, None)
@@ -134,6 +132,19 @@ class LLMWorker:
                 await self.fail_all(f"engine step failed: {e}")
                 continue
             await self.emit(outputs)
+
+    async def admit_pending(self) -> None:
+        """Hand queued requests to the engine; one it refuses fails alone, with the engine's reason."""
+        refused = []
+        for req in self.pending:
+            try:
+                self.engine.add(req)
+            except ValueError as e:
+                log.error("engine refused request", extra={"request_id": req.request_id, "error": str(e)})
+                self.jobs_by_id.pop(req.request_id, None)
+                refused.append((req.request_id, self._error(f"refused by {self.cfg.worker_id}: {e}")))
+        self.pending.clear()
+        await publish_tokens(self.redis, self.keys, refused)
 
     async def emit(self, outputs: list[StepOutput]) -> None:
         events = []

@@ -31,8 +31,8 @@ PREFIX = struct.Struct("!4sBI")  # magic, version, header length
 REPLY = struct.Struct("!BI")  # status, error text length
 OK, REJECTED, FATAL = 0, 1, 2  # FATAL: the receiver closes the connection after replying
 CHUNK = 4 << 20
-"""Payloads move in slices of this size: Python 3.11's transport copies unsent bytes into its buffer,
-so slicing bounds that copy, and the receiver never holds a whole frame in the stream buffer."""
+"""Payloads move in slices of this size: Python 3.11's transport copies unsent bytes into its buffer, so
+slicing bounds that copy; the receiver's stream buffer likewise holds at most two slices, never a frame."""
 OFF_LOOP = 1 << 20
 """Tensors of at least this many bytes are checksummed in a worker thread (zlib releases the GIL), so a
 large transfer does not stall the event loop that also drives the worker's engine."""
@@ -138,8 +138,6 @@ class LocalSender(EmbeddingSender):
                 writer.write(head)
                 for _, raw in described:
                     for start in range(0, raw.nbytes, CHUNK):
-                        if reply.done():
-                            return reply.result()
                         writer.write(raw[start : start + CHUNK])
                         await writer.drain()
                 await writer.drain()
@@ -171,8 +169,8 @@ class LocalReceiver(EmbeddingReceiver):
         self, address: str, *, ttl: float = 300.0, max_payload: int = 4 << 30, max_header: int = 1 << 20
     ) -> None:
         self._kind, self._where = parse_address(address)
-        if self._kind == "tcp" and self._where[0] not in ("127.0.0.1", "::1", "localhost"):
-            raise TransportError(f"{address}: the local backend listens on loopback only (it has no authentication)")
+        if self._kind == "tcp" and self._where[0] not in ("127.0.0.1", "::1"):
+            raise TransportError(f"{address}: the local backend listens on 127.0.0.1 or ::1 only (no authentication)")
         self._address = address
         self.ttl = ttl
         """Seconds after its last arrival that an unclaimed request is dropped, so memory cannot leak."""
@@ -247,7 +245,7 @@ class LocalReceiver(EmbeddingReceiver):
         for rid in list(self._arrived):
             self._drop(rid)
         async with self._arrival:
-            pass  # waiting recv() calls fail now rather than at their timeout
+            self._arrival.notify_all()  # waiting recv() calls fail now rather than at their timeout
         if self._inode is not None:
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self._where).st_ino == self._inode:  # not a successor's socket

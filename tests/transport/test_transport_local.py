@@ -310,8 +310,9 @@ async def test_tcp_on_loopback_reports_the_chosen_port(open_receiver, sender):
     async with asyncio.timeout(10):
         descs = await sender.send(r.address, "r1", {"x": torch.arange(5)})
         assert torch.equal((await r.recv(descs, timeout=1))["x"], torch.arange(5))
-    with pytest.raises(TransportError, match="loopback only"):
-        LocalReceiver("tcp://0.0.0.0:0")
+    for exposed in ("tcp://0.0.0.0:0", "tcp://localhost:0"):
+        with pytest.raises(TransportError, match=r"listens on 127\.0\.0\.1 or ::1 only"):
+            LocalReceiver(exposed)
 
 
 async def test_socket_file_handling(open_receiver, sock_dir):
