@@ -83,6 +83,8 @@ class LLMWorker:
         try:
             names = job.embeddings if isinstance(job, PrefillJob) else job.kv
             tensors = await self.receiver.recv(names, self.cfg.recv_timeout_s) if names else {}
+            if job.request_id not in self.jobs_by_id:  # aborted while its tensors were in flight
+                return
             if isinstance(job, PrefillJob):
                 req = EngineRequest(job.request_id, job.prompt_token_ids, job.sampling,
                                     mm_embeddings=tensors.get("image_embeds"))
@@ -99,9 +101,10 @@ class LLMWorker:
             await self.jobs.ack(entry_id)
 
     def abort(self, request_id: str) -> None:
-        if request_id in self.jobs_by_id:
+        if self.jobs_by_id.pop(request_id, None) is not None:  # a step in flight will not publish it
             self.aborted.add(request_id)
             self.wake.set()
+        asyncio.create_task(self.receiver.discard(request_id))  # tensors that arrived for it, if any
 
     async def listen_aborts(self) -> None:
         pubsub = self.redis.pubsub()
@@ -115,13 +118,17 @@ class LLMWorker:
                 await pubsub.aclose()
 
     async def engine_loop(self, stop: asyncio.Event) -> None:
+        """Step, then publish that step's tokens while the next step computes (in order, one at a time)."""
+        publishing: asyncio.Task | None = None
         while not stop.is_set():
             await self.admit_pending()
             for rid in self.aborted:
                 self.engine.abort(rid)
-                self.jobs_by_id.pop(rid, None)
             self.aborted.clear()
             if not self.engine.has_unfinished():
+                if publishing is not None:
+                    await publishing
+                    publishing = None
                 self.wake.clear()
                 await self.wake.wait()
                 continue
@@ -131,7 +138,9 @@ class LLMWorker:
                 log.exception("engine step failed")
                 await self.fail_all(f"engine step failed: {e}")
                 continue
-            await self.emit(outputs)
+            if publishing is not None:
+                await publishing
+            publishing = asyncio.create_task(self.emit(outputs))
 
     async def admit_pending(self) -> None:
         """Hand queued requests to the engine; one it refuses fails alone, with the engine's reason."""

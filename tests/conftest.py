@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from coordinator.redis_server import PrivateRedis
+from logit_check import logit_mismatches
 
 
 def _local_redis_answers(port: int = 6379) -> bool:
@@ -57,25 +58,6 @@ def module_prefix(redis_url):
     prefix = f"tstest-{uuid.uuid4().hex[:10]}"
     yield prefix
     _purge(redis_url, prefix)
-
-
-def logit_mismatches(name: str, ref_tokens: list[int], ref_logits: list, tokens: list[int], logits: list,
-                     atol: float = 1e-4) -> list[str]:
-    """Every way `tokens`/`logits` differ from a generate() reference; [] when they match.
-
-    The one comparator of the exactness tests and their negative controls: tokens must be equal and
-    every step's logits within `atol` (greedy tokens alone miss position bugs).
-    """
-    problems = []
-    if tokens != ref_tokens:
-        problems.append(f"{name}: tokens {tokens} != reference {ref_tokens}")
-    if len(logits) != len(ref_logits):
-        problems.append(f"{name}: {len(logits)} logit steps != reference {len(ref_logits)}")
-    for i, (got, want) in enumerate(zip(logits, ref_logits)):
-        diff = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
-        if not diff < atol:
-            problems.append(f"{name}: step {i} logits max-abs-diff {diff:.3g} >= {atol}")
-    return problems
 
 
 @pytest.fixture

@@ -1,61 +1,32 @@
 """The local backend: tensors over a Unix socket or loopback TCP, between processes on one host.
 
 It is the sibling of the UCX/NIXL backends for tests and single-host setups. One frame carries one
-send(): magic+version, u32 header length, a JSON list of TensorDescriptors, then the raw payloads in
-descriptor order. The receiver verifies every tensor before it replies, so send() returning means
-the bytes arrived intact; the reply is one status byte, a u32 length and an error text.
+send() (the byte layout is in transport/local_frame.py). The receiver verifies every tensor before it
+replies, so send() returning means the bytes arrived intact.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import socket
-import stat
-import struct
 from dataclasses import dataclass, field
 
 import torch
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from transport.base import EmbeddingReceiver, EmbeddingSender, TransportError
+from transport.local_frame import (
+    CHUNK, DESCS, FATAL, MAGIC, OK, PREFIX, REJECTED, VERSION, open_connection, pack_head, pack_reply, parse_address,
+    read_exactly_into, read_reply, remove_stale_socket, unlink_own_socket,
+)
 from transport.wire import TensorDescriptor, WireError, describe, rebuild
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TSRV"
-VERSION = 1
-PREFIX = struct.Struct("!4sBI")  # magic, version, header length
-REPLY = struct.Struct("!BI")  # status, error text length
-OK, REJECTED, FATAL = 0, 1, 2  # FATAL: the receiver closes the connection after replying
-CHUNK = 4 << 20
-"""Payloads move in slices of this size: Python 3.11's transport copies unsent bytes into its buffer, so
-slicing bounds that copy; the receiver's stream buffer likewise holds at most two slices, never a frame."""
 OFF_LOOP = 1 << 20
 """Tensors of at least this many bytes are checksummed in a worker thread (zlib releases the GIL), so a
 large transfer does not stall the event loop that also drives the worker's engine."""
-_DESCS = TypeAdapter(list[TensorDescriptor])
-
-
-def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """("unix", path) or ("tcp", (host, port)); anything else is a TransportError."""
-    scheme, sep, rest = address.partition("://")
-    if sep and scheme == "unix" and rest:
-        return "unix", rest
-    if sep and scheme == "tcp":
-        host, _, port = rest.rpartition(":")
-        if host and port.isdigit():
-            return "tcp", (host.strip("[]"), int(port))
-    raise TransportError(f"unknown address {address!r}: the local backend takes unix:///path/to.sock or tcp://127.0.0.1:PORT")
-
-
-async def _open(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    kind, where = parse_address(address)
-    if kind == "unix":
-        return await asyncio.open_unix_connection(where)
-    return await asyncio.open_connection(*where)
 
 
 @dataclass
@@ -82,8 +53,7 @@ class LocalSender(EmbeddingSender):
     async def send(self, peer: str, request_id: str, tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
         described = [await _off_loop(t.nbytes, describe, request_id, name, t) for name, t in tensors.items()]
         descs = [d for d, _ in described]
-        header = _DESCS.dump_json(descs)
-        head = PREFIX.pack(MAGIC, VERSION, len(header)) + header
+        head = pack_head(descs)
         conn = self._conns.get(peer) or self._conns.setdefault(peer, _Conn())
         async with conn.lock:
             for attempt in (1, 2):
@@ -116,7 +86,7 @@ class LocalSender(EmbeddingSender):
     async def _connect(self, peer: str, conn: _Conn) -> None:
         try:
             async with asyncio.timeout(self.connect_timeout):
-                conn.reader, conn.writer = await _open(peer)
+                conn.reader, conn.writer = await open_connection(peer)
         except TimeoutError:
             raise TransportError(f"timed out connecting to {peer}: is the receiving worker alive?") from None
         except OSError as e:
@@ -132,7 +102,7 @@ class LocalSender(EmbeddingSender):
         """Stream one frame while already listening for the reply: a receiver that refuses a frame answers
         before it is complete and hangs up, and its reason must not be lost in the connection reset."""
         writer = conn.writer
-        reply = asyncio.ensure_future(_read_reply(conn.reader))
+        reply = asyncio.ensure_future(read_reply(conn.reader))
         try:
             try:
                 writer.write(head)
@@ -204,7 +174,7 @@ class LocalReceiver(EmbeddingReceiver):
         path = self._where
         if len(os.fsencode(path)) > 107:
             raise TransportError(f"unix socket path {path!r} is longer than 107 bytes; choose a shorter runtime dir")
-        _remove_stale_socket(path)
+        remove_stale_socket(path)
         self._server = await asyncio.start_unix_server(self._serve, path, limit=CHUNK)
         self._inode = os.stat(path).st_ino
 
@@ -247,9 +217,7 @@ class LocalReceiver(EmbeddingReceiver):
         async with self._arrival:
             self._arrival.notify_all()  # waiting recv() calls fail now rather than at their timeout
         if self._inode is not None:
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(self._where).st_ino == self._inode:  # not a successor's socket
-                    os.unlink(self._where)
+            unlink_own_socket(self._where, self._inode)
             self._inode = None
         self._server = None
 
@@ -291,7 +259,7 @@ class LocalReceiver(EmbeddingReceiver):
                 except _Reject as e:
                     status, text = e.status, str(e)
                     log.warning("rejected a frame at %s: %s", self.address, text)
-                writer.write(REPLY.pack(status, len(body := text.encode()[:4096])) + body)
+                writer.write(pack_reply(status, text))
                 await writer.drain()
                 if status == FATAL:
                     break
@@ -308,7 +276,7 @@ class LocalReceiver(EmbeddingReceiver):
         if hlen > self.max_header:
             raise _Reject(f"header of {hlen} bytes exceeds max_header={self.max_header}", FATAL)
         try:
-            descs = _DESCS.validate_json(await reader.readexactly(hlen))
+            descs = DESCS.validate_json(await reader.readexactly(hlen))
         except ValidationError as e:
             raise _Reject(f"invalid header: {e.error_count()} errors, first: {e.errors()[0]['msg']}", FATAL) from None
         if len({d.request_id for d in descs}) > 1 or len({d.name for d in descs}) != len(descs):
@@ -318,9 +286,10 @@ class LocalReceiver(EmbeddingReceiver):
             raise _Reject(f"payload of {total} bytes exceeds max_payload={self.max_payload} of {self.address}", FATAL)
         tensors, errors = {}, []
         for d in descs:
-            raw = await _read_exactly_into(reader, d.nbytes)
+            raw = await read_exactly_into(reader, d.nbytes)
             try:
                 tensors[d.name] = (d, await _off_loop(d.nbytes, rebuild, d, raw))
+            # RuntimeError: torch overflows on a zero-byte shape with huge dimensions, e.g. (0, 2**62, 2**62).
             except (WireError, RuntimeError, ValueError) as e:  # keep reading: the stream stays in step
                 errors.append(str(e))
         if errors:
@@ -333,39 +302,5 @@ async def _off_loop(nbytes: int, fn, *args):
     return await asyncio.to_thread(fn, *args) if nbytes >= OFF_LOOP else fn(*args)
 
 
-async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, str]:
-    status, n = REPLY.unpack(await reader.readexactly(REPLY.size))
-    return status, (await reader.readexactly(n)).decode(errors="replace")
-
-
-async def _read_exactly_into(reader: asyncio.StreamReader, n: int) -> bytearray:
-    """Read n bytes into a bytearray, which rebuild() views as a tensor without a copy. It grows as bytes
-    arrive (realloc moves pages, not bytes) rather than being zero-filled up front, which for a large
-    tensor would stall the event loop for as long as the copy itself."""
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await reader.read(min(n - len(buf), CHUNK))
-        if not chunk:
-            raise asyncio.IncompleteReadError(b"", n)
-        buf += chunk
-    return buf
-
-
 def _names(descs: list[TensorDescriptor]) -> list[tuple[str, str]]:
     return [(d.request_id, d.name) for d in descs]
-
-
-def _remove_stale_socket(path: str) -> None:
-    """Unlink a socket file left by a dead receiver, but never steal one that a live receiver serves."""
-    try:
-        if not stat.S_ISSOCK(os.stat(path).st_mode):
-            raise TransportError(f"{path} exists and is not a socket; refusing to replace it")
-    except FileNotFoundError:
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)
-            return
-    raise TransportError(f"{path} is served by a live receiver; is another worker using the same id?")

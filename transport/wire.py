@@ -7,11 +7,12 @@ arrival, so a torn or misrouted transfer is an error, never a silent wrong answe
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8"]
 
@@ -24,6 +25,7 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
 }
 _DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+_MAX_ELEMENTS = 1 << 48
 
 
 class TensorDescriptor(BaseModel):
@@ -37,8 +39,20 @@ class TensorDescriptor(BaseModel):
     dtype: DType
     shape: tuple[int, ...]
     nbytes: int = Field(ge=0)
-    checksum: int = Field(ge=0)
+    checksum: int = Field(ge=0, lt=1 << 32)
     """CRC32 of the raw bytes."""
+
+    @model_validator(mode="after")
+    def _size_matches_shape(self) -> "TensorDescriptor":
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"{self.request_id}/{self.name}: negative dimension in shape {self.shape}")
+        if math.prod(d for d in self.shape if d) > _MAX_ELEMENTS:  # zero-size shapes can hide absurd dims
+            raise ValueError(f"{self.request_id}/{self.name}: shape {self.shape} is too large to describe")
+        expected = math.prod(self.shape) * _TORCH_DTYPES[self.dtype].itemsize
+        if expected != self.nbytes:
+            raise ValueError(f"{self.request_id}/{self.name}: shape {self.shape} of {self.dtype} is "
+                             f"{expected} bytes, descriptor says {self.nbytes}")
+        return self
 
 
 def dtype_name(dtype: torch.dtype) -> DType:
@@ -50,8 +64,8 @@ def dtype_name(dtype: torch.dtype) -> DType:
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """Raw storage of a CPU tensor, without a copy when it is already contiguous."""
-    t = tensor.detach().to("cpu").contiguous()
-    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+    t = tensor.detach().to("cpu").contiguous().reshape(-1)  # 1-d first: a 0-d tensor cannot be re-viewed
+    return memoryview(t.view(torch.uint8).numpy())
 
 
 def describe(request_id: str, name: str, tensor: torch.Tensor) -> tuple[TensorDescriptor, memoryview]:
@@ -72,13 +86,14 @@ class WireError(ValueError):
 
 
 def rebuild(desc: TensorDescriptor, raw: bytes | bytearray | memoryview) -> torch.Tensor:
-    """Check bytes against the descriptor and view them as the described tensor."""
+    """Check bytes against the descriptor and view them as the described tensor (no copy if writable)."""
     if len(raw) != desc.nbytes:
         raise WireError(f"{desc.request_id}/{desc.name}: got {len(raw)} bytes, descriptor says {desc.nbytes}")
     crc = zlib.crc32(raw)
     if crc != desc.checksum:
         raise WireError(f"{desc.request_id}/{desc.name}: checksum {crc:#x} != descriptor {desc.checksum:#x}")
-    buf = bytearray(raw) if not isinstance(raw, bytearray) else raw
+    writable = isinstance(raw, bytearray) or (isinstance(raw, memoryview) and not raw.readonly)
+    buf = raw if writable else bytearray(raw)  # torch.frombuffer wants writable memory; copy only if not
     if desc.nbytes == 0:
         return torch.empty(desc.shape, dtype=_TORCH_DTYPES[desc.dtype])
     return torch.frombuffer(buf, dtype=torch.uint8).view(_TORCH_DTYPES[desc.dtype]).reshape(desc.shape)

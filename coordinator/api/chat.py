@@ -30,9 +30,10 @@ router = APIRouter()
 class Tracker:
     """Per-request latency bookkeeping: TTFT and TPOT at the coordinator, and overhead vs compute."""
 
-    def __init__(self, state: AppState, request_id: str, prompt_tokens: int):
+    def __init__(self, state: AppState, request_id: str, prompt_tokens: int, t0: float):
         self.state, self.request_id, self.prompt_tokens = state, request_id, prompt_tokens
-        self.t0 = time.perf_counter()
+        self.t0 = t0
+        """perf_counter() when the request arrived, before parsing: the overhead includes all of it."""
         self.first: float | None = None
         self.last: float | None = None
         self.tokens = 0
@@ -84,6 +85,7 @@ async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, state: State) -> JSONResponse | StreamingResponse:
+    t0 = time.perf_counter()
     try:
         req = _parse(await request.body())
     except ValidationError as e:
@@ -96,7 +98,7 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
     rid = completion_id()
     images = [im.data for im in built.images]
     keys = await submit(state, rid, built.prompt_token_ids, images, sampling)
-    tracker = Tracker(state, rid, len(built.prompt_token_ids))
+    tracker = Tracker(state, rid, len(built.prompt_token_ids), t0)
     events = token_events(state.redis, state.keys, rid, state.config.request_timeout_s)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

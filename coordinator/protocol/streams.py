@@ -69,6 +69,6 @@ async def publish_tokens(redis: Redis, keys: Keys, events: list[tuple[str, Token
     for request_id, ev in events:
         key = keys.tokens(request_id)
         pipe.xadd(key, {FIELD: ev.model_dump_json(exclude_defaults=True)})
-        if ev.finish_reason is not None:
-            pipe.expire(key, TOKEN_STREAM_TTL_S)
+        # Every write renews the TTL: a stream whose reader left (and deleted it) cannot live forever.
+        pipe.expire(key, TOKEN_STREAM_TTL_S)
     await pipe.execute()

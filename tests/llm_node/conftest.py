@@ -13,6 +13,7 @@ import torch
 from coordinator.protocol.messages import SamplingParams
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from llm_node.engine import EngineConfig, EngineRequest, ReferenceEngine, StepOutput
+from logit_check import logit_mismatches
 
 
 @dataclass
@@ -163,16 +164,7 @@ def drive():
 
 def mismatches(case: Case, tokens: list[int], logits: list[torch.Tensor], atol: float = 1e-4) -> list[str]:
     """Every way `tokens`/`logits` differ from the case's generate() reference; [] when they match."""
-    problems = []
-    if tokens != case.ref_tokens:
-        problems.append(f"{case.name}: tokens {tokens} != reference {case.ref_tokens}")
-    if len(logits) != len(case.ref_logits):
-        problems.append(f"{case.name}: {len(logits)} logit steps != reference {len(case.ref_logits)}")
-    for i, (got, want) in enumerate(zip(logits, case.ref_logits)):
-        diff = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
-        if not diff < atol:
-            problems.append(f"{case.name}: step {i} logits max-abs-diff {diff:.3g} >= {atol}")
-    return problems
+    return logit_mismatches(case.name, case.ref_tokens, case.ref_logits, tokens, logits, atol)
 
 
 @pytest.fixture

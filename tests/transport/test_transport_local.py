@@ -58,13 +58,13 @@ async def sender():
 
 def _count_opens(monkeypatch) -> list[str]:
     opened = []
-    real = local._open
+    real = local.open_connection
 
     async def counting(address):
         opened.append(address)
         return await real(address)
 
-    monkeypatch.setattr(local, "_open", counting)
+    monkeypatch.setattr(local, "open_connection", counting)
     return opened
 
 

@@ -67,7 +67,25 @@ def test_unsupported_dtype_is_refused():
         describe("r1", "x", torch.zeros(3, dtype=torch.complex64))
 
 
-@pytest.mark.xfail(strict=True, reason="wire.tensor_bytes cannot view a 0-dim tensor as uint8 (reshape(-1) first)")
 def test_scalar_tensor_round_trip():
     desc, raw = describe("r1", "scalar", torch.tensor(2.5))
     assert rebuild(desc, bytes(raw)).item() == 2.5
+
+
+@pytest.mark.parametrize("shape,nbytes,needle", [
+    ((-1, 4), 16, "negative dimension"), ((2, 4), 16, "32 bytes"), ((0, 2**63), 0, "too large"),
+    ((0, 2**40, 2**40), 0, "too large"),
+])
+def test_descriptor_must_agree_with_its_shape(shape, nbytes, needle):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=needle):
+        TensorDescriptor(request_id="r", name="x", dtype="float32", shape=shape, nbytes=nbytes, checksum=0)
+
+
+def test_rebuild_views_writable_memory_without_copy():
+    desc, raw = describe("r1", "x", torch.arange(6, dtype=torch.float32))
+    buf = bytearray(raw)
+    out = rebuild(desc, memoryview(buf))
+    buf[:4] = bytes(4)  # zero the first float in place: the tensor sees it, so no copy was made
+    assert out[0].item() == 0.0 and out[1].item() == 1.0

@@ -1,0 +1,43 @@
+"""A client that goes away mid-stream stops the work: the workers abort the request."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis
+
+from coordinator.protocol.keys import Keys
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _llm_load(cluster) -> int:
+    workers = httpx.get(f"{cluster.url}/v1/cluster", timeout=5).json()["workers"]
+    return sum(w["load"] for w in workers if w["role"] != "encode")
+
+
+def test_disconnect_aborts_generation(cluster):
+    body = {"model": "tiny-llava", "stream": True, "max_tokens": 1500, "temperature": 0,
+            "messages": [{"role": "user", "content": "count to a thousand"}]}
+    with httpx.stream("POST", f"{cluster.url}/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        rid = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any('"content"' in line for line in got)
+    # Without the abort, 1500 tokens would keep the worker busy (and its token stream growing) for seconds.
+    key = Keys(cluster.spec.key_prefix).tokens(rid)
+    r = redis.Redis.from_url(cluster.redis_url)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_llm_load(cluster) > 0 or r.exists(key)):
+            time.sleep(0.25)
+        assert _llm_load(cluster) == 0
+        first = r.xlen(key)
+        time.sleep(1.0)
+        assert r.xlen(key) == first, "tokens kept coming after the client left"
+        assert first == 0 or r.ttl(key) > 0, "a token stream outlived its reader without a TTL"
+    finally:
+        r.close()
