@@ -1,0 +1,35 @@
+"""The `tierserve` command's errors: a message and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.launcher import ClusterError, ClusterSpec
+
+
+@pytest.mark.parametrize("roles,needle", [
+    (["prefill"], "add one (--llm prefill,decode)"),
+    (["decode"], "no LLM worker can prefill"),
+    (["combined", "gpu"], "unknown LLM role"),
+])
+def test_cluster_spec_refuses_unusable_role_sets(roles, needle):
+    with pytest.raises(ClusterError, match=re.escape(needle)):
+        ClusterSpec(llm_roles=roles).validate()
+
+
+def test_cli_reports_bad_roles_without_traceback():
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "up", "--llm", "prefill"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "decode worker" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+def test_help_explains_the_commands():
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for word in ("up", "demo", "serve", "examples"):
+        assert word in r.stdout

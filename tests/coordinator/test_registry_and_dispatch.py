@@ -1,0 +1,103 @@
+"""Registry liveness and the dispatcher's policy plumbing, on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from coordinator.dispatch import EncodeDispatcher
+from coordinator.policies.base import Arrival, Release
+from coordinator.policies.immediate import ImmediateRelease
+from coordinator.protocol.keys import Keys
+from coordinator.protocol.messages import EncodeJob, MediaRef, SamplingParams, WorkerInfo
+from coordinator.protocol.registry import WorkerRegistry, least_loaded
+from coordinator.protocol.streams import JobStream
+
+pytestmark = pytest.mark.redis
+
+
+def _info(wid: str, role: str = "encode") -> WorkerInfo:
+    return WorkerInfo(worker_id=wid, role=role, host="h", pid=1, model="m", started_at=time.time())
+
+
+def _job(rid: str) -> EncodeJob:
+    return EncodeJob(request_id=rid, prompt_token_ids=[1, 2], sampling=SamplingParams(), arrival=time.time(),
+                     media=[MediaRef(key=f"k:{rid}")])
+
+
+async def test_worker_drops_out_when_heartbeats_stop(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    reg = WorkerRegistry(redis, keys, heartbeat_ttl_s=5.0)
+    try:
+        await reg.register(_info("e0"), load=2)
+        await reg.register(_info("l0", "combined"))
+        alive = await reg.alive()
+        assert [(w.info.worker_id, w.load) for w in alive] == [("e0", 2), ("l0", 0)]
+        assert [w.info.worker_id for w in await reg.alive(frozenset({"combined"}))] == ["l0"]
+        assert 0 < await redis.pttl(keys.heartbeat("e0")) <= 5000  # it lapses unless renewed
+        await redis.delete(keys.heartbeat("e0"))  # what the TTL does to a worker that stopped beating
+        await reg.heartbeat("l0", 1)
+        assert [(w.info.worker_id, w.load) for w in await reg.alive()] == [("l0", 1)]
+        await reg.deregister("l0")
+        assert await reg.alive() == []
+    finally:
+        await redis.aclose()
+
+
+def test_least_loaded_rotates_among_ties():
+    from coordinator.protocol.registry import WorkerStatus
+
+    ws = [WorkerStatus(_info(w), 0.0, load) for w, load in (("a", 1), ("b", 0), ("c", 0))]
+    assert {least_loaded(ws, i).info.worker_id for i in range(4)} == {"b", "c"}
+    assert least_loaded([], 0) is None
+
+
+class _HoldTwo:
+    """Releases in pairs, or a lone request 1 s after it arrived: exercises the deadline path."""
+
+    def __init__(self) -> None:
+        self.queued: list[float] = []
+
+    def observe(self, event: Arrival, now: float) -> None:
+        self.queued.append(now)
+
+    def decide(self, now: float) -> list[Release]:
+        if len(self.queued) >= 2 or (self.queued and now - self.queued[0] >= 1.0):
+            n, self.queued = len(self.queued), []
+            return [Release(n)]
+        return []
+
+    def next_deadline(self, now: float) -> float | None:
+        return self.queued[0] + 1.0 if self.queued else None
+
+
+async def test_dispatcher_releases_on_policy_decisions_and_deadlines(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    disp = EncodeDispatcher(redis, keys, _HoldTwo)
+    stream = JobStream(redis, keys, "e0")
+    await stream.open()
+    try:
+        await disp.submit("e0", _job("r1"))
+        assert await stream.read(10, block_ms=1) == []  # held: the policy waits for a second one
+        await disp.submit("e0", _job("r2"))
+        got = await stream.read(10, block_ms=100)
+        assert [j.request_id for _, j in got] == ["r1", "r2"]
+        await disp.submit("e0", _job("r3"))
+        got = await stream.read(10, block_ms=3000)  # released by the 1 s deadline timer
+        assert [j.request_id for _, j in got] == ["r3"]
+    finally:
+        disp.close()
+        await redis.aclose()
+
+
+def test_immediate_policy_releases_everything_queued():
+    p = ImmediateRelease()
+    assert p.decide(0.0) == [] and p.next_deadline(0.0) is None
+    p.observe(Arrival("a"), 0.0)
+    p.observe(Arrival("b"), 0.0)
+    assert p.decide(0.0) == [Release(2)] and p.decide(0.0) == []
