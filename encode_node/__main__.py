@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
 from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
+from coordinator.protocol.process import run_until_signalled
 from encode_node.config import EncodeWorkerConfig
 
 
@@ -34,22 +34,13 @@ def parse(argv: list[str] | None) -> EncodeWorkerConfig:
 
 async def amain(cfg: EncodeWorkerConfig) -> None:
     import torch
-    from redis.asyncio import Redis
 
     from encode_node.encoder import LlavaImageEncoder
     from encode_node.worker import EncodeWorker
 
     torch.set_num_threads(cfg.threads)
     encoder = LlavaImageEncoder(cfg.model_dir, cfg.device)
-    redis = Redis.from_url(cfg.redis_url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await EncodeWorker(cfg, redis, encoder).run(stop)
-    finally:
-        await redis.aclose()
+    await run_until_signalled(cfg.redis_url, lambda redis, stop: EncodeWorker(cfg, redis, encoder).run(stop))
 
 
 def main(argv: list[str] | None = None) -> int:

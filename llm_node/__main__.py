@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
 from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
+from coordinator.protocol.process import run_until_signalled
 from llm_node.config import LLMWorkerConfig
 
 
@@ -37,7 +37,6 @@ def parse(argv: list[str] | None) -> LLMWorkerConfig:
 
 async def amain(cfg: LLMWorkerConfig) -> None:
     import torch
-    from redis.asyncio import Redis
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
@@ -51,18 +50,10 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
     engine = ReferenceEngine(model, tokenizer, EngineConfig(
         role=cfg.role, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens))
-    redis = Redis.from_url(cfg.redis_url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     # The prefix is part of the receiver's name so two clusters on one host never share a socket.
     receiver = make_receiver(cfg.transport, f"{cfg.key_prefix}-{cfg.worker_id}")
-    worker = LLMWorker(cfg, redis, engine, receiver, make_sender(cfg.transport))
-    try:
-        await worker.run(stop)
-    finally:
-        await redis.aclose()
+    await run_until_signalled(cfg.redis_url, lambda redis, stop: LLMWorker(
+        cfg, redis, engine, receiver, make_sender(cfg.transport)).run(stop))
 
 
 def main(argv: list[str] | None = None) -> int:
