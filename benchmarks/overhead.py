@@ -74,7 +74,17 @@ def summarize(rows: list[dict]) -> dict:
         "client_e2e_ms_mean": statistics.mean(r["client_e2e_s"] for r in rows) * 1e3,
         "overhead_fraction_of_e2e": {"mean": statistics.mean(frac), "p50": _pct(frac, 0.5)},
         "transfer_ms_mean": statistics.mean(transfer) * 1e3,
+        "stages_ms_mean": _stage_means(rows),
     }
+
+
+def _stage_means(rows: list[dict]) -> dict[str, float]:
+    """Mean time between consecutive hops (received -> submitted -> encode_start -> ... -> relayed)."""
+    names: dict[str, list[float]] = {}
+    for r in rows:
+        for name, s in (r.get("stages_s") or {}).items():
+            names.setdefault(name, []).append(s)
+    return {name: statistics.mean(v) * 1e3 for name, v in names.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{s['compute_ms_mean']:.1f}", f"{s['e2e_ms']['p50']:.1f}",
                       f"{s['overhead_fraction_of_e2e']['mean']:.1%}")
     console.print(table)
+    stages = Table(title="where the time goes: mean ms between hops")
+    stages.add_column("hop")
+    for c in results:
+        stages.add_column(f"c={c}", justify="right")
+    for hop in results[str(a.concurrency[0])]["stages_ms_mean"]:
+        stages.add_row(hop, *(f"{results[c]['stages_ms_mean'].get(hop, float('nan')):.1f}" for c in results))
+    console.print(stages)
     console.print(f"wrote {a.out}")
     return 0
 

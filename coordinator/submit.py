@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from coordinator.errors import RequestError
-from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams
+from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams, Timing
 from coordinator.protocol.registry import least_loaded
 from coordinator.protocol.streams import push_job
 from coordinator.state import AppState
@@ -14,13 +12,14 @@ PREFILL_ROLES = frozenset({"prefill", "combined"})
 
 
 async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], images: list[bytes],
-                 sampling: SamplingParams) -> list[str]:
+                 sampling: SamplingParams, received: float) -> list[str]:
     """Images go to an encode worker (media stored under TTL keys); text-only straight to an LLM worker.
 
     Returns the Redis keys to delete once the request is over.
     """
     state.counter += 1
-    arrival = time.time()
+    arrival = received
+    timing = Timing(marks={"received": received})
     if images:
         target = least_loaded(await state.registry.alive(frozenset({"encode"})), state.counter)
         if target is None:
@@ -32,7 +31,7 @@ async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], 
             pipe.set(key, raw, ex=state.config.media_ttl_s)
         await pipe.execute()
         job = EncodeJob(request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling,
-                        arrival=arrival, media=[MediaRef(key=k) for k in keys])
+                        arrival=arrival, media=[MediaRef(key=k) for k in keys], timing=timing.mark("submitted"))
         await state.dispatcher.submit(target.info.worker_id, job)
         return keys
     target = least_loaded(await state.registry.alive(PREFILL_ROLES), state.counter)
@@ -40,5 +39,6 @@ async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], 
         raise RequestError("no prefill or combined LLM worker is alive; start one (tierserve up --llm combined)",
                            status=503, code="no_llm_worker")
     await push_job(state.redis, state.keys, target.info.worker_id, PrefillJob(
-        request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling, arrival=arrival))
+        request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling, arrival=arrival,
+        timing=timing.mark("submitted")))
     return []

@@ -74,12 +74,14 @@ class EncodeWorker:
         await self.fail([j for j, m in zip(jobs, media) if m is None], "media expired before encoding")
         if not ok:
             return
+        ok = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in ok]
         try:
             batch = await asyncio.to_thread(self.encoder.encode, [m for _, m in ok])
         except Exception as e:
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
+        ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end")}), m) for j, m in ok]
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
         targets = await self.registry.alive(PREFILL_ROLES)
@@ -112,7 +114,7 @@ class EncodeWorker:
         except Exception as e:
             await self.fail([job], f"sending embeddings to {target.info.worker_id} failed: {e}")
             return
-        timing = job.timing.model_copy(update={"encode_s": encode_s, "transfer_s": time.perf_counter() - t0})
+        timing = job.timing.mark("embeddings_sent", encode_s=encode_s, transfer_s=time.perf_counter() - t0)
         prefill = PrefillJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
             arrival=job.arrival, timing=timing, embeddings=descs,

@@ -85,6 +85,7 @@ class LLMWorker:
             tensors = await self.receiver.recv(names, self.cfg.recv_timeout_s) if names else {}
             if job.request_id not in self.jobs_by_id:  # aborted while its tensors were in flight
                 return
+            job.timing = job.timing.mark("admitted" if isinstance(job, PrefillJob) else "decode_admitted")
             if isinstance(job, PrefillJob):
                 req = EngineRequest(job.request_id, job.prompt_token_ids, job.sampling,
                                     mm_embeddings=tensors.get("image_embeds"))
@@ -165,6 +166,10 @@ class LLMWorker:
                 "prefill_s": job.timing.prefill_s + out.prefill_s,
                 "decode_s": job.timing.decode_s + out.decode_s,
             })
+            if out.prefill_s:
+                timing = timing.mark("first_token")
+            if out.finished:
+                timing = timing.mark("finished")
             job.timing = timing
             ev = TokenEvent(token_ids=out.new_token_ids, text=out.new_text, worker_id=self.cfg.worker_id,
                             logits=[base64.b64encode(l.float().numpy().tobytes()).decode() for l in out.logits])
@@ -194,7 +199,7 @@ class LLMWorker:
         except Exception as e:
             await publish_tokens(self.redis, self.keys, [(job.request_id, self._error(f"KV handoff failed: {e}"))])
             return
-        timing = job.timing.model_copy(update={"transfer_s": job.timing.transfer_s + time.perf_counter() - t0})
+        timing = job.timing.mark("handoff_sent", transfer_s=job.timing.transfer_s + time.perf_counter() - t0)
         await push_job(self.redis, self.keys, target.info.worker_id, DecodeJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
             arrival=job.arrival, timing=timing, output_token_ids=list(out.new_token_ids), kv=descs,

@@ -38,6 +38,7 @@ class Tracker:
         self.last: float | None = None
         self.tokens = 0
         self.final: TokenEvent | None = None
+        self.relayed = 0.0
 
     def see(self, ev: TokenEvent) -> None:
         if ev.token_ids:
@@ -47,6 +48,7 @@ class Tracker:
             self.tokens += len(ev.token_ids)
         if ev.finish_reason is not None:
             self.final = ev
+            self.relayed = time.time()
 
     def summary(self) -> dict:
         e2e = time.perf_counter() - self.t0
@@ -54,8 +56,9 @@ class Tracker:
         tpot = (self.last - self.first) / (self.tokens - 1) if self.first and self.tokens > 1 else None
         timing = self.final.timing if self.final and self.final.timing else None
         compute = (timing.encode_s + timing.prefill_s + timing.decode_s) if timing else None
-        return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "compute": timing.model_dump() if timing else None,
-                "overhead_s": (e2e - compute) if compute is not None else None}
+        return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "overhead_s": (e2e - compute) if compute is not None else None,
+                "compute": timing.model_dump(exclude={"marks"}) if timing else None,
+                "stages_s": stages(timing.marks, self.relayed) if timing else None}
 
     def record(self, outcome: str) -> dict:
         m, s = self.state.metrics, self.summary()
@@ -65,6 +68,12 @@ class Tracker:
             if s[key] is not None:
                 hist.observe(s[key])
         return s
+
+
+def stages(marks: dict[str, float], relayed: float) -> dict[str, float]:
+    """Seconds between consecutive hops, named "from->to", in the order the request passed them."""
+    seq = sorted([*marks.items(), ("relayed", relayed)], key=lambda kv: kv[1])
+    return {f"{a}->{b}": tb - ta for (a, ta), (b, tb) in zip(seq, seq[1:])}
 
 
 def _parse(body: bytes) -> ChatCompletionRequest:
@@ -85,7 +94,7 @@ async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, state: State) -> JSONResponse | StreamingResponse:
-    t0 = time.perf_counter()
+    t0, received = time.perf_counter(), time.time()
     try:
         req = _parse(await request.body())
     except ValidationError as e:
@@ -97,7 +106,7 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
     sampling = sampling_from_request(req)
     rid = completion_id()
     images = [im.data for im in built.images]
-    keys = await submit(state, rid, built.prompt_token_ids, images, sampling)
+    keys = await submit(state, rid, built.prompt_token_ids, images, sampling, received)
     tracker = Tracker(state, rid, len(built.prompt_token_ids), t0)
     events = token_events(state.redis, state.keys, rid, state.config.request_timeout_s)
     if req.stream:

@@ -41,6 +41,15 @@ class Timing(BaseModel):
     prefill_s: float = 0.0
     decode_s: float = 0.0
     transfer_s: float = 0.0
+    marks: dict[str, float] = {}
+    """Wall-clock time (time.time(), one host's clock) at each hop: received, submitted, encode_start,
+    encode_end, admitted, first_token, handoff_sent, decode_admitted, finished. Copy before adding."""
+
+    def mark(self, name: str, **update: float) -> "Timing":
+        """A copy with one more mark (and any field updates)."""
+        import time
+
+        return self.model_copy(update={"marks": {**self.marks, name: time.time()}, **update})
 
 
 class _Job(BaseModel):
