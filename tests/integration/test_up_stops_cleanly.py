@@ -1,0 +1,54 @@
+"""`tierserve up` runs until Ctrl-C, then stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+
+from coordinator.redis_server import free_port
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_stops_the_whole_cluster(redis_url):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "up", "--port", str(port), "--redis-url",
+                             redis_url, "--key-prefix", f"tstest-{uuid.uuid4().hex[:10]}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        workers = []
+        while time.monotonic() < deadline and len(workers) < 2:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                workers = httpx.get(f"http://127.0.0.1:{port}/v1/cluster", timeout=1).json()["workers"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.3)
+        assert sorted(w["role"] for w in workers) == ["combined", "encode"]
+        pids = [w["pid"] for w in workers]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "stopped." in out and "Traceback" not in out
+        assert not [p for p in pids if _alive(p)]
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
