@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from coordinator.policies.base import Arrival, BatchPolicy
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import EncodeJob
 from coordinator.protocol.streams import FIELD
+
+log = logging.getLogger(__name__)
 
 
 class EncodeDispatcher:
@@ -27,6 +30,7 @@ class EncodeDispatcher:
         self.queues: dict[str, deque[EncodeJob]] = {}
         self.policies: dict[str, BatchPolicy] = {}
         self.timers: dict[str, asyncio.TimerHandle] = {}
+        self._polls: set[asyncio.Task] = set()
 
     async def submit(self, worker_id: str, job: EncodeJob) -> None:
         policy = self.policies.get(worker_id) or self.policies.setdefault(worker_id, self.make_policy())
@@ -51,8 +55,17 @@ class EncodeDispatcher:
             old.cancel()
         if deadline is not None:
             loop = asyncio.get_running_loop()
-            self.timers[worker_id] = loop.call_later(
-                max(0.0, deadline - now), lambda: asyncio.ensure_future(self.poll(worker_id)))
+            self.timers[worker_id] = loop.call_later(max(0.0, deadline - now), self._poll_later, worker_id)
+
+    def _poll_later(self, worker_id: str) -> None:
+        task = asyncio.ensure_future(self.poll(worker_id))
+        self._polls.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._polls.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("deadline release failed", extra={"error": str(task.exception())})
 
     def close(self) -> None:
         for t in self.timers.values():

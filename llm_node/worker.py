@@ -45,6 +45,7 @@ class LLMWorker:
         self.pending: list[EngineRequest] = []
         self.aborted: set[str] = set()
         self.wake = asyncio.Event()
+        self._background: set[asyncio.Task] = set()
         self._rr = 0
 
     def info(self) -> WorkerInfo:
@@ -67,12 +68,18 @@ class LLMWorker:
         await self.sender.close()
         await self.receiver.close()
 
+    def spawn(self, coro) -> None:
+        """A fire-and-forget task, referenced until done (the loop keeps only weak references)."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def intake(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             for entry_id, job in await self.jobs.read(64, block_ms=500):
                 if isinstance(job, (PrefillJob, DecodeJob)):
                     self.jobs_by_id[job.request_id] = job
-                    asyncio.create_task(self.admit(entry_id, job))
+                    self.spawn(self.admit(entry_id, job))
                 else:
                     if isinstance(job, AbortJob):
                         self.abort(job.request_id)
@@ -105,7 +112,7 @@ class LLMWorker:
         if self.jobs_by_id.pop(request_id, None) is not None:  # a step in flight will not publish it
             self.aborted.add(request_id)
             self.wake.set()
-        asyncio.create_task(self.receiver.discard(request_id))  # tensors that arrived for it, if any
+        self.spawn(self.receiver.discard(request_id))  # tensors that arrived for it, if any
 
     async def listen_aborts(self) -> None:
         pubsub = self.redis.pubsub()
@@ -174,7 +181,7 @@ class LLMWorker:
             ev = TokenEvent(token_ids=out.new_token_ids, text=out.new_text, worker_id=self.cfg.worker_id,
                             logits=[base64.b64encode(l.float().numpy().tobytes()).decode() for l in out.logits])
             if out.handoff_kv is not None:
-                asyncio.create_task(self.hand_off(job, out))
+                self.spawn(self.hand_off(job, out))
                 self.jobs_by_id.pop(out.request_id, None)
             elif out.finished:
                 ev.finish_reason = out.finish_reason
