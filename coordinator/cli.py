@@ -10,7 +10,7 @@ import time
 from rich.console import Console
 
 from coordinator.launcher import ClusterError, ClusterSpec, LocalCluster
-from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from coordinator.redis_server import RedisNotFound, free_port
 
 EPILOG = """examples:
@@ -31,6 +31,7 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=default_port, help="coordinator HTTP port (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
+    p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
 
 
@@ -39,7 +40,7 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
 
     return ClusterSpec(
         encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
-        model_dir=Path(a.model), redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
+        model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
         port=a.port or free_port(), threads=a.threads,
     )
 
@@ -78,8 +79,7 @@ def cmd_demo(a: argparse.Namespace, console: Console) -> int:
 
     with LocalCluster(spec_from(a), Path(a.log_dir) if a.log_dir else None) as cluster:
         console.print(f"cluster up at {cluster.url} (logs: {cluster.log_dir})")
-        run_demo(cluster.url, DEFAULT_MODEL_NAME if a.model == str(DEFAULT_MODEL_DIR) else a.model_name,
-                 a.requests, a.max_tokens, a.concurrency, console)
+        run_demo(cluster.url, cluster.spec.model_name, a.requests, a.max_tokens, a.concurrency, console)
     return 0
 
 
@@ -94,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--requests", type=int, default=6, help="how many requests (default: %(default)s)")
     demo.add_argument("--concurrency", type=int, default=3, help="requests in flight at once (default: %(default)s)")
     demo.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default: %(default)s)")
-    demo.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="`model` field to send with --model")
     sub.add_parser("serve", help="run only the coordinator (see `tierserve serve --help`)", add_help=False)
     if argv is None:
         argv = sys.argv[1:]

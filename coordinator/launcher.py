@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from coordinator.protocol.models import DEFAULT_MODEL_DIR
+from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 from coordinator.redis_server import PrivateRedis
 
 LLM_ROLES = ("combined", "prefill", "decode")
@@ -28,6 +28,8 @@ class ClusterSpec:
     encode_workers: int = 1
     llm_roles: list[str] = field(default_factory=lambda: ["combined"])
     model_dir: Path = DEFAULT_MODEL_DIR
+    model_name: str = ""
+    """What clients put in `model`; default: "tiny-llava" for the embedded model, else the directory's name."""
     redis_url: str | None = None
     """None: start a private redis-server for this cluster."""
     key_prefix: str = "tierserve"
@@ -37,7 +39,16 @@ class ClusterSpec:
     coordinator_args: list[str] = field(default_factory=list)
     """Extra flags for `python -m coordinator.serve`."""
 
+    def __post_init__(self) -> None:
+        self.model_dir = Path(self.model_dir)
+        if not self.model_name:
+            same = self.model_dir.resolve() == DEFAULT_MODEL_DIR.resolve()
+            self.model_name = DEFAULT_MODEL_NAME if same else self.model_dir.resolve().name
+
     def validate(self) -> None:
+        if not (self.model_dir / "config.json").is_file():
+            raise ClusterError(f"{self.model_dir} is not a checkpoint directory (no config.json); "
+                               "pass --model with a local transformers checkpoint")
         bad = [r for r in self.llm_roles if r not in LLM_ROLES]
         if bad:
             raise ClusterError(f"unknown LLM role(s) {bad}; use a comma list of {', '.join(LLM_ROLES)}")
@@ -84,13 +95,13 @@ class LocalCluster:
             self.redis = PrivateRedis().start()
             self.redis_url = self.redis.url
         common = ["--redis-url", self.redis_url, "--key-prefix", s.key_prefix, "--model", str(s.model_dir),
-                  "--threads", str(s.threads)]
+                  "--model-name", s.model_name, "--threads", str(s.threads)]
         for i in range(s.encode_workers):
             self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common])
         for i, role in enumerate(s.llm_roles):
             self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common])
         self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
-                                    s.key_prefix, "--model", str(s.model_dir), "--host", s.host, "--port",
+                                    s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
         self.wait_ready(s.encode_workers + len(s.llm_roles), timeout_s)
 

@@ -33,3 +33,10 @@ def test_help_explains_the_commands():
     assert r.returncode == 0
     for word in ("up", "demo", "serve", "examples"):
         assert word in r.stdout
+
+
+def test_cli_refuses_a_model_dir_that_is_not_a_checkpoint(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "up", "--model", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "no config.json" in r.stdout and "Traceback" not in r.stdout + r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import uuid
 import httpx
 import pytest
 
+from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from coordinator.redis_server import free_port
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -25,10 +27,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_ctrl_c_stops_the_whole_cluster(redis_url):
+def test_ctrl_c_stops_the_whole_cluster(redis_url, tmp_path):
+    """Also: weights from another local directory load the same way, and name the served model."""
+    model = tmp_path / "my-llava"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "up", "--port", str(port), "--redis-url",
-                             redis_url, "--key-prefix", f"tstest-{uuid.uuid4().hex[:10]}"],
+                             redis_url, "--key-prefix", f"tstest-{uuid.uuid4().hex[:10]}", "--model", str(model)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -41,6 +46,8 @@ def test_ctrl_c_stops_the_whole_cluster(redis_url):
                 pass
             time.sleep(0.3)
         assert sorted(w["role"] for w in workers) == ["combined", "encode"]
+        assert {w["model"] for w in workers} == {"my-llava"}
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["id"] == "my-llava"
         pids = [w["pid"] for w in workers]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
