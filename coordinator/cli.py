@@ -33,6 +33,22 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
     p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
+    api = p.add_argument_group("API limits (passed to the coordinator)")
+    api.add_argument("--max-image-bytes", type=int, help="largest accepted image (default: 8 MiB)")
+    api.add_argument("--max-images-per-request", type=int, help="most images in one request (default: 4)")
+    api.add_argument("--allowed-local-media-dir", action="append", default=[],
+                     help="directory image_url may name local files under (repeatable; default: none)")
+    api.add_argument("--request-timeout", type=float, help="seconds before a request is answered 504 (default: 120)")
+
+
+def coordinator_flags(a: argparse.Namespace) -> list[str]:
+    flags = []
+    for name in ("max_image_bytes", "max_images_per_request", "request_timeout"):
+        if getattr(a, name) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
+    for d in a.allowed_local_media_dir:
+        flags += ["--allowed-local-media-dir", d]
+    return flags
 
 
 def spec_from(a: argparse.Namespace) -> ClusterSpec:
@@ -41,7 +57,7 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec(
         encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
         model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
-        port=a.port or free_port(), threads=a.threads,
+        port=a.port or free_port(), threads=a.threads, coordinator_args=coordinator_flags(a),
     )
 
 

@@ -11,7 +11,13 @@ MAX_IMAGE_BYTES = 300_000
 
 
 @pytest.fixture(scope="session")
-def cluster(redis_url, tmp_path_factory):
+def media_dir(tmp_path_factory):
+    """The one directory the shared cluster lets image_url name local files under."""
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="session")
+def cluster(redis_url, tmp_path_factory, media_dir):
     """One encode worker; a combined worker and a prefill -> decode pair, so both LLM paths are live."""
     import uuid
 
@@ -20,7 +26,7 @@ def cluster(redis_url, tmp_path_factory):
     prefix = f"tstest-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(
         encode_workers=1, llm_roles=["combined", "prefill", "decode"], redis_url=redis_url, key_prefix=prefix,
-        port=free_port(), coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES)],
+        port=free_port(), coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir)],
     )
     c = LocalCluster(spec, tmp_path_factory.mktemp("cluster-logs"))
     c.start(timeout_s=180)

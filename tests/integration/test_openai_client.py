@@ -90,3 +90,20 @@ def test_models_and_cluster_endpoints(client, cluster):
     assert health["status"] == "ok" and health["workers"] == 4
     metrics = httpx.get(f"{cluster.url}/metrics", timeout=5).text
     assert "tierserve_ttft_seconds_bucket" in metrics
+
+
+def test_local_file_path_image(client, png, expected, media_dir, tmp_path):
+    """A path under --allowed-local-media-dir is read like the same bytes sent inline; others are refused."""
+    import openai
+
+    path = media_dir / "picture.png"
+    path.write_bytes(png)
+    local = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(path)}},
+                                          {"type": "text", "text": PROMPT}]}]
+    r = client.chat.completions.create(model="tiny-llava", messages=local, max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].message.content == expected[0]
+    outside = tmp_path / "picture.png"
+    outside.write_bytes(png)
+    local[0]["content"][0]["image_url"]["url"] = f"file://{outside}"
+    with pytest.raises(openai.BadRequestError, match="allowed"):
+        client.chat.completions.create(model="tiny-llava", messages=local, max_tokens=MAX_TOKENS)
