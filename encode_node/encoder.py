@@ -13,11 +13,12 @@ from PIL import Image
 
 @dataclass
 class EncodedBatch:
-    per_request: list[torch.Tensor]
-    """One [n_image_tokens, hidden] tensor per request, images in prompt order."""
-    image_counts: list[int]
+    per_request: list[torch.Tensor | None]
+    """One [n_image_tokens, hidden] tensor per request, images in prompt order; None where it failed."""
+    errors: list[str | None]
+    """Why a request's images could not be decoded (it alone fails; the batch goes on)."""
     seconds: float
-    """Wall time of preprocessing + the forward pass, for the whole batch."""
+    """Wall time of decoding, preprocessing and the forward pass, for the whole batch."""
 
 
 class LlavaImageEncoder:
@@ -48,16 +49,28 @@ class LlavaImageEncoder:
     @torch.inference_mode()
     def encode(self, images_per_request: list[list[bytes]]) -> EncodedBatch:
         t0 = time.perf_counter()
-        counts = [len(imgs) for imgs in images_per_request]
-        flat = [self.decode_image(raw) for imgs in images_per_request for raw in imgs]
+        decoded: list[list[Image.Image] | None] = []
+        errors: list[str | None] = []
+        for raws in images_per_request:
+            try:
+                decoded.append([self.decode_image(raw) for raw in raws])
+                errors.append(None)
+            except Exception as e:  # e.g. a truncated JPEG that passed the coordinator's header check
+                decoded.append(None)
+                errors.append(f"image could not be decoded: {e}")
+        flat = [im for ims in decoded if ims for im in ims]
         feats: list[torch.Tensor] = []
         if flat:
             pixels = self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"]
             out = self.model.get_image_features(pixel_values=pixels.to(self.device))
             feats = [f.to("cpu", torch.float32) for f in out.pooler_output]
-        per_request, i = [], 0
-        for n in counts:
-            chunk = feats[i : i + n]
-            i += n
+        per_request: list[torch.Tensor | None] = []
+        i = 0
+        for ims in decoded:
+            if ims is None:
+                per_request.append(None)
+                continue
+            chunk = feats[i : i + len(ims)]
+            i += len(ims)
             per_request.append(torch.cat(chunk) if chunk else torch.empty(0, self.hidden_size))
-        return EncodedBatch(per_request, counts, time.perf_counter() - t0)
+        return EncodedBatch(per_request, errors, time.perf_counter() - t0)

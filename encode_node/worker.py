@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import EncodeJob, PrefillJob, TokenEvent, WorkerInfo
 from coordinator.protocol.presence import Presence
+from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry, least_loaded
 from coordinator.protocol.streams import JobStream, publish_tokens, push_job
 from encode_node.config import EncodeWorkerConfig
@@ -50,12 +51,21 @@ class EncodeWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.jobs.open()
+        await self.fail_entries(await self.jobs.stranded(), "the encode worker restarted before finishing it")
         async with Presence(self.registry, self.info(), lambda: self.in_flight):
-            while not stop.is_set():
-                entries = await self.jobs.read(self.cfg.max_batch_size, block_ms=500)
-                if entries:
-                    await self.handle(entries)
+            await supervise([forever("encode", self.encode_once, stop)], stop)
+        await self.fail_entries(await self.jobs.unread(), f"encode worker {self.cfg.worker_id} stopped")
+        await self.jobs.delete()
         await self.sender.close()
+
+    async def encode_once(self) -> None:
+        entries = await self.jobs.read(self.cfg.max_batch_size, block_ms=500)
+        if entries:
+            await self.handle(entries)
+
+    async def fail_entries(self, entries: list, reason: str) -> None:
+        await self.fail([j for _, j in entries if isinstance(j, EncodeJob)], reason)
+        await self.jobs.ack(*[entry_id for entry_id, _ in entries])
 
     async def handle(self, entries: list) -> None:
         ids = [entry_id for entry_id, _ in entries]
@@ -82,10 +92,14 @@ class EncodeWorker:
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end")}), m) for j, m in ok]
-        # Each request waited for the whole batch: charge it the batch's wall time (latency view).
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
+        for (j, _), err in zip(ok, batch.errors):
+            if err is not None:
+                await self.fail([j], err)
         targets = await self.registry.alive(PREFILL_ROLES)
-        await asyncio.gather(*(self.forward(j, emb, batch.seconds, targets) for (j, _), emb in zip(ok, batch.per_request)))
+        # Each request waited for the whole batch: charge it the batch's wall time (latency view).
+        await asyncio.gather(*(self.forward(j, emb, batch.seconds, targets)
+                               for (j, _), emb in zip(ok, batch.per_request) if emb is not None))
 
     async def fetch_media(self, jobs: list[EncodeJob]) -> list[list[bytes] | None]:
         pipe = self.redis.pipeline(transaction=False)

@@ -108,6 +108,8 @@ class TokenEvent(BaseModel):
     prompt_tokens: int | None = None
     timing: Timing | None = None
     worker_id: str = ""
+    batch_size: int = 0
+    """Sequences in the engine step that produced these tokens (observability; tests of batching)."""
 
 
 class WorkerInfo(BaseModel):

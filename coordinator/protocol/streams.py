@@ -22,7 +22,8 @@ async def push_job(redis: Redis, keys: Keys, worker_id: str, job: Job) -> None:
 
 
 class JobStream:
-    """A worker's inbox; entries are acked after hand-off so a crash leaves them pending, not lost."""
+    """A worker's inbox. Entries are acked once handed to the compute; what a crash leaves un-acked
+    comes back from `stranded()` when the worker restarts, and is failed rather than left hanging."""
 
     def __init__(self, redis: Redis, keys: Keys, worker_id: str):
         self.redis = redis
@@ -36,9 +37,10 @@ class JobStream:
             if "BUSYGROUP" not in str(e):
                 raise
 
-    async def read(self, count: int, block_ms: int) -> list[tuple[str, Job | None]]:
-        """Up to `count` new jobs; an entry that does not parse comes back as None (ack and log it)."""
-        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.key: ">"}, count=count, block=block_ms)
+    async def read(self, count: int, block_ms: int | None, start: str = ">") -> list[tuple[str, Job | None]]:
+        """Up to `count` new jobs (block_ms None: don't wait); an entry that does not parse comes back as
+        None (ack and log it). start="0" re-reads this consumer's delivered but un-acked entries."""
+        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.key: start}, count=count, block=block_ms)
         out: list[tuple[str, Job | None]] = []
         for _key, entries in resp or []:
             for entry_id, fields in entries:
@@ -48,6 +50,17 @@ class JobStream:
                     log.error("dropping malformed job", extra={"entry": entry_id, "error": str(e)})
                     out.append((entry_id, None))
         return out
+
+    async def stranded(self) -> list[tuple[str, Job | None]]:
+        """Jobs a previous run of this worker took but never handed off (it crashed)."""
+        return await self.read(10_000, None, start="0")
+
+    async def unread(self) -> list[tuple[str, Job | None]]:
+        """Jobs queued but not taken yet (the worker is stopping)."""
+        return await self.read(10_000, None)
+
+    async def delete(self) -> None:
+        await self.redis.delete(self.key)
 
     async def ack(self, *entry_ids: str) -> None:
         if entry_ids:
