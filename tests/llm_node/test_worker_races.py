@@ -1,0 +1,78 @@
+"""LLM worker races that need a slow Redis round trip to show; the delay is injected, the rest is real."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+import llm_node.worker as worker_mod
+from coordinator.protocol.messages import PrefillJob, SamplingParams
+from llm_node.config import LLMWorkerConfig
+from llm_node.engine import EngineConfig, ReferenceEngine
+from llm_node.worker import LLMWorker
+from transport.registry import make_receiver, make_sender
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def worker(tiny, redis_url, key_prefix, tmp_path):
+    model, processor = tiny
+    cfg = LLMWorkerConfig(worker_id="w0", redis_url=redis_url, key_prefix=key_prefix)
+    redis = Redis.from_url(redis_url)
+    engine = ReferenceEngine(model, processor.tokenizer, EngineConfig(role="combined"))
+    w = LLMWorker(cfg, redis, engine, make_receiver("local", "w0", runtime_dir=tmp_path), make_sender("local"))
+    await w.receiver.start()
+    yield w
+    await w.receiver.close()
+    await redis.aclose()
+
+
+async def test_request_admitted_while_last_tokens_publish_is_not_stranded(worker, tokenizer, monkeypatch):
+    published: list[str] = []
+    real_publish = worker_mod.publish_tokens
+    ids = tokenizer("what is this")["input_ids"]
+
+    async def submit(rid: str) -> None:
+        job = PrefillJob(request_id=rid, prompt_token_ids=ids, sampling=SamplingParams(max_tokens=1),
+                         arrival=time.time())
+        worker.jobs_by_id[rid] = job
+        await worker.admit("0-0", job)
+
+    async def slow_publish(redis, keys, events):
+        if events:
+            if events[0][0] == "A":  # B arrives while A's last tokens are on their way to Redis
+                await submit("B")
+            await asyncio.sleep(0.3)  # a Redis round trip on a loaded machine
+            published.extend(rid for rid, _ in events)
+        await real_publish(redis, keys, events)
+
+    monkeypatch.setattr(worker_mod, "publish_tokens", slow_publish)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(worker_mod.forever("engine", worker.engine_once, stop))
+    try:
+        await submit("A")
+        deadline = time.monotonic() + 10
+        while "B" not in published and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert published == ["A", "B"], (published, [r.request_id for r in worker.pending])
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_job_whose_abort_overtook_it_is_dropped(worker, tokenizer):
+    worker.abort("late")  # the client left while the request was still being encoded
+    await worker.jobs.open()
+    from coordinator.protocol.streams import push_job
+
+    job = PrefillJob(request_id="late", prompt_token_ids=tokenizer("hi")["input_ids"],
+                     sampling=SamplingParams(max_tokens=4), arrival=time.time())
+    await push_job(worker.redis, worker.keys, "w0", job)
+    await worker.intake_once()
+    assert "late" not in worker.jobs_by_id and worker.pending == []
+    assert await worker.jobs.read(10, None, start="0") == []  # acked, not left pending
