@@ -36,6 +36,7 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     api = p.add_argument_group("API limits (passed to the coordinator)")
     api.add_argument("--max-image-bytes", type=int, help="largest accepted image (default: 8 MiB)")
     api.add_argument("--max-images-per-request", type=int, help="most images in one request (default: 4)")
+    api.add_argument("--max-image-pixels", type=int, help="largest width*height accepted (default: 16 Mi)")
     api.add_argument("--allowed-local-media-dir", action="append", default=[],
                      help="directory image_url may name local files under (repeatable; default: none)")
     api.add_argument("--request-timeout", type=float, help="seconds before a request is answered 504 (default: 120)")
@@ -43,7 +44,7 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
 
 def coordinator_flags(a: argparse.Namespace) -> list[str]:
     flags = []
-    for name in ("max_image_bytes", "max_images_per_request", "request_timeout"):
+    for name in ("max_image_bytes", "max_images_per_request", "max_image_pixels", "request_timeout"):
         if getattr(a, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
     for d in a.allowed_local_media_dir:

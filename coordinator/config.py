@@ -24,7 +24,8 @@ class CoordinatorConfig(BaseModel):
     """The name clients put in `model`; anything else is answered 404."""
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1)
     max_images_per_request: int = Field(4, ge=0)
-    max_image_pixels: int = Field(64 * 1024 * 1024, ge=1)
+    max_image_pixels: int = Field(16 * 1024 * 1024, ge=1)
+    """Largest width*height; a decoded RGB image costs 3 bytes a pixel on the encode worker."""
     allowed_local_dirs: tuple[Path, ...] = ()
     """Directories from which `image_url` may name local files; empty means no local files."""
     media_ttl_s: int = Field(300, ge=1)

@@ -77,9 +77,9 @@ class LocalCluster:
         return f"http://{self.spec.host}:{self.spec.port}"
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.spec.threads))
-        self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
         try:

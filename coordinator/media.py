@@ -38,7 +38,7 @@ class MediaLimits(BaseModel):
     """Largest encoded image (after base64 decoding) (--max-image-bytes)."""
     max_images_per_request: int = Field(4, ge=0)
     """Most image parts in one request, over all messages (--max-images-per-request)."""
-    max_image_pixels: int = Field(64 * 1024 * 1024, gt=0)
+    max_image_pixels: int = Field(16 * 1024 * 1024, gt=0)
     """Largest width*height; guards against small files that decode to huge bitmaps (--max-image-pixels)."""
     allowed_local_dirs: tuple[Path, ...] = ()
     """Directories whose files may be named by path or file:// URL; empty disables local paths
@@ -121,7 +121,10 @@ def _local_path(url: str, limits: MediaLimits, param: str | None) -> Path:
     if not limits.allowed_local_dirs:
         raise MediaError(_expected(limits), param)
     # resolve() follows symlinks and '..', so a link inside an allowed dir cannot point outside it.
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (ValueError, OSError) as e:  # a NUL byte, a symlink loop
+        raise MediaError(f"{url!r} is not a usable file path ({e})", param) from None
     roots = [Path(d).resolve() for d in limits.allowed_local_dirs]
     if not any(resolved.is_relative_to(r) for r in roots):
         raise MediaError(f"{raw} is not under an allowed directory; {_expected(limits)}", param)

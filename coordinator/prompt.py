@@ -18,6 +18,8 @@ from coordinator.media import ImageInput, MediaLimits, load_image
 from coordinator.protocol.messages import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
 _NO_LIMIT = 10**7
 """transformers sets model_max_length to a huge sentinel when the tokenizer does not know it."""
 
@@ -49,6 +51,10 @@ def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: fl
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if any(s == "" for s in stop):
         raise RequestError("stop strings must not be empty", "stop")
+    # Every stop string is matched against the output at every token, so their number and size are bounded.
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters",
+                           "stop")
     temperature = default_temperature if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0.0:  # the limit of top_p -> 0 keeps only the most likely token
@@ -103,8 +109,9 @@ class PromptBuilder:
         images = [load_image(url, self.limits, param) for url, param in image_urls]
         text = self._render(messages)
         pieces = text.split(self.image_token)
-        if len(pieces) - 1 != len(images):
-            raise RuntimeError(f"chat template rendered {len(pieces) - 1} image placeholders for {len(images)} images")
+        if len(pieces) - 1 != len(images):  # text parts that only form the placeholder once joined
+            raise RequestError(f"the text spells the image placeholder {self.image_token!r}; "
+                               "remove it (images go in image_url parts)", "messages")
         counts = self._image_token_counts(images)
         expanded = pieces[0] + "".join(self.image_token * n + p for n, p in zip(counts, pieces[1:]))
         with self._tokenizer_lock:

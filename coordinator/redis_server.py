@@ -77,4 +77,5 @@ class PrivateRedis:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -19,6 +19,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-prefix", default="tierserve", help="namespace of all Redis keys")
     p.add_argument("--max-image-bytes", type=int, default=8 * 1024 * 1024, help="largest accepted image")
     p.add_argument("--max-images-per-request", type=int, default=4, help="most images in one request")
+    p.add_argument("--max-image-pixels", type=int, default=16 * 1024 * 1024, help="largest width*height accepted")
     p.add_argument("--allowed-local-media-dir", type=Path, action="append", default=[],
                    help="directory image_url may name local files under (repeatable)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
@@ -28,6 +29,7 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
     return CoordinatorConfig(
         redis_url=redis_url, key_prefix=a.key_prefix, host=a.host, port=a.port, model_dir=a.model,
         model_name=a.model_name, max_image_bytes=a.max_image_bytes, max_images_per_request=a.max_images_per_request,
+        max_image_pixels=a.max_image_pixels,
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
     )
 

@@ -24,7 +24,8 @@ def parse(argv: list[str] | None) -> LLMWorkerConfig:
     p.add_argument("--model-name", default="tiny-llava")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences per engine step")
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096, help="most prompt tokens prefilled per step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="most tokens per step (default: max(4096, the model's context length))")
     p.add_argument("--transport", default="local", help="embedding/KV transport backend")
     p.add_argument("--tier", default="cpu", help="GPU tier name from the catalog, or cpu")
     a = p.parse_args(argv)
@@ -48,8 +49,13 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     hf_logging.disable_progress_bar()
     model = LlavaForConditionalGeneration.from_pretrained(cfg.model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0
+    budget = cfg.max_num_batched_tokens or max(4096, context)
+    if budget < context:
+        raise SystemExit(f"--max-num-batched-tokens {budget} is below the model's context length {context}: "
+                         f"prompts the API accepts could never be prefilled; raise it to at least {context}")
     engine = ReferenceEngine(model, tokenizer, EngineConfig(
-        role=cfg.role, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens))
+        role=cfg.role, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=budget))
     # The prefix is part of the receiver's name so two clusters on one host never share a socket.
     receiver = make_receiver(cfg.transport, f"{cfg.key_prefix}-{cfg.worker_id}")
     await run_until_signalled(cfg.redis_url, lambda redis, stop: LLMWorker(

@@ -24,8 +24,9 @@ class LLMWorkerConfig(BaseModel):
     """torch intra-op threads; set explicitly so co-located processes don't oversubscribe cores."""
     max_num_seqs: int = Field(32, ge=1)
     """Most sequences in one engine step."""
-    max_num_batched_tokens: int = Field(4096, ge=16)
-    """Most prompt tokens prefilled in one step."""
+    max_num_batched_tokens: int | None = Field(None, ge=16)
+    """Most tokens in one step; None: max(4096, the model's context length). There is no chunked
+    prefill, so it must be at least the context length, or long prompts could never run."""
     transport: str = "local"
     tier: str = "cpu"
     heartbeat_ttl_s: float = Field(10.0, gt=0)

@@ -47,6 +47,10 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
+MIN_TEMPERATURE = 1e-5
+"""Below this a temperature is treated as 0 (greedy), as its limit is."""
+
+
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
@@ -59,7 +63,7 @@ def sample(
         )
     tokens: list[int] = logits.argmax(-1).tolist()
     for i, p in enumerate(params):
-        if p.temperature == 0.0:
+        if p.temperature < MIN_TEMPERATURE:  # dividing by ~0 overflows to inf and NaN; the limit is greedy
             continue
         # Generators live on the CPU, so sampled rows are drawn there.
         probs = torch.softmax(logits[i].float().cpu() / p.temperature, dim=-1)

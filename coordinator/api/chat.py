@@ -76,10 +76,31 @@ def stages(marks: dict[str, float], relayed: float) -> dict[str, float]:
     return {f"{a}->{b}": tb - ta for (a, ta), (b, tb) in zip(seq, seq[1:])}
 
 
+def body_limit(state: AppState) -> int:
+    """The largest body a valid request can have: its images base64-encoded, plus 1 MiB of text."""
+    c = state.config
+    return c.max_images_per_request * (c.max_image_bytes * 4 // 3 + 4) + (1 << 20)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it exceeds `limit`, before it is all in memory."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"request body is {int(declared)} bytes; the limit is {limit} "
+                           "(images count base64-encoded; see --max-image-bytes)", status=413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"request body exceeds {limit} bytes (see --max-image-bytes)", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _parse(body: bytes) -> ChatCompletionRequest:
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, an integer too long to parse
         raise RequestError(f"request body is not valid JSON ({e}); send a chat completion request object") from None
     if not isinstance(data, dict):
         raise RequestError("request body must be a JSON object with `model` and `messages`")
@@ -96,7 +117,7 @@ async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: 
 async def chat_completions(request: Request, state: State) -> JSONResponse | StreamingResponse:
     t0, received = time.perf_counter(), time.time()
     try:
-        req = _parse(await request.body())
+        req = _parse(await _read_body(request, body_limit(state)))
     except ValidationError as e:
         return JSONResponse(ErrorResponse.from_validation_errors(e.errors()).model_dump(), status_code=400)
     if req.model != state.config.model_name:

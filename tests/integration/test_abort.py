@@ -37,7 +37,9 @@ def test_disconnect_aborts_generation(cluster):
         assert _llm_load(cluster) == 0
         first = r.xlen(key)
         time.sleep(1.0)
-        assert r.xlen(key) == first, "tokens kept coming after the client left"
+        # The coordinator deleted the stream when the client left; at most the step in flight then may
+        # have written to it. A generation that went on would have written up to 1500 events.
+        assert r.xlen(key) == first <= 2, "tokens kept coming after the client left"
         assert first == 0 or r.ttl(key) > 0, "a token stream outlived its reader without a TTL"
     finally:
         r.close()

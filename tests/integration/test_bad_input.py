@@ -88,3 +88,30 @@ def test_still_serving_after_bad_input(cluster):
     r = _post(cluster, json=_body(_data_url(_png(), "image/png"), temperature=0))
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_body_over_the_limit_is_refused_before_reading_it(cluster, max_image_bytes):
+    limit = 4 * (max_image_bytes * 4 // 3 + 4) + (1 << 20)  # 4 images base64-encoded + 1 MiB of text
+    body = b'{"model": "tiny-llava", "messages": [], "pad": "' + b"x" * limit + b'"}'
+    _error(_post(cluster, content=body, headers={"content-type": "application/json"}), 413, "limit")
+
+
+def test_too_many_stop_strings(cluster):
+    err = _error(_post(cluster, json=_body(_data_url(_png()), stop=["a", "b", "c", "d", "e"])), 400, "at most 4")
+    assert err["param"] == "stop"
+
+
+def test_integer_too_long_to_parse(cluster):
+    raw = b'{"model": "tiny-llava", "seed": ' + b"9" * 5000 + b', "messages": [{"role": "user", "content": "hi"}]}'
+    _error(_post(cluster, content=raw, headers={"content-type": "application/json"}), 400, "not valid JSON")
+
+
+def test_placeholder_spelled_across_text_parts(cluster):
+    body = {"model": "tiny-llava", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "<ima"}, {"type": "text", "text": "ge> hi"}]}]}
+    _error(_post(cluster, json=body), 400, "placeholder")
+
+
+def test_nul_byte_in_a_local_path(cluster, media_dir):
+    _error(_post(cluster, json=_body(f"file://{media_dir}/a%00b.png")), 400)
+    _error(_post(cluster, json=_body(f"{media_dir}/a\x00b.png")), 400)

@@ -90,14 +90,14 @@ async def _run(cluster, refs: list[Ref], llm_worker: str) -> dict[str, tuple[lis
                     request_id=rid, prompt_token_ids=ref.prompt_ids, sampling=sampling, arrival=time.time()))
 
         async def collect(ref: Ref):
-            tokens, logits, workers, marks = [], [], set(), {}
+            tokens, logits, workers, batch = [], [], set(), 0
             async for ev in token_events(redis, keys, f"{ref.name}-{tag}", timeout_s=60):
                 assert ev.finish_reason != "error", ev.error
                 tokens += ev.token_ids
                 logits += [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.float32) for s in ev.logits]
                 workers.add(ev.worker_id)
-                marks = ev.timing.marks if ev.timing else marks
-            return tokens, logits, workers, marks
+                batch = max(batch, ev.batch_size)
+            return tokens, logits, workers, batch
 
         results = await asyncio.gather(*(collect(r) for r in refs))
         return {r.name: res for r, res in zip(refs, results)}
@@ -108,9 +108,8 @@ async def _run(cluster, refs: list[Ref], llm_worker: str) -> dict[str, tuple[lis
 @pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
 def test_disaggregated_path_matches_generate(cluster, refs, logit_compare, llm_worker):
     got = asyncio.run(_run(cluster, refs, llm_worker))
-    # The point is requests sharing engine steps: at least two were in the engine at the same time.
-    spans = [(m["admitted"], m["finished"]) for *_, m in got.values()]
-    assert any(a1 < f2 and a2 < f1 for i, (a1, f1) in enumerate(spans) for a2, f2 in spans[i + 1:]), spans
+    # The point is requests sharing engine steps: some step must have carried several of them.
+    assert max(batch for *_, batch in got.values()) >= 2, "no engine step batched two requests"
     problems = []
     for ref in refs:
         tokens, logits, workers, _ = got[ref.name]

@@ -73,3 +73,10 @@ def test_rows_use_their_own_params():
 def test_mismatched_batch_is_an_error():
     with pytest.raises(ValueError, match="one row per request"):
         sample(_logits(2), [SamplingParams()], [make_generator(None)])
+
+
+def test_vanishing_temperature_is_greedy_not_nan():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0]])
+    params = [SamplingParams(temperature=1e-39), SamplingParams(temperature=1e-30, top_p=0.5)]
+    gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
+    assert sample(logits, params, gens) == [1, 0]

@@ -175,14 +175,16 @@ async def test_recv_refuses_tensors_that_differ_from_the_descriptor(open_receive
 
 
 async def test_unclaimed_tensors_expire_and_discard_drops(open_receiver, sender):
-    r = await open_receiver(ttl=0.2)
-    async with asyncio.timeout(10):
+    r = await open_receiver(ttl=2.0)  # long enough that a stalled 2-core machine cannot expire "old" early
+    async with asyncio.timeout(15):
         (old,) = await sender.send(r.address, "old", {"x": torch.ones(1000)})
         await sender.send(r.address, "aborted", {"x": torch.ones(10)})
         assert r.pending_bytes == 4040
         await r.discard("aborted")
         assert r.pending_bytes == 4000
-        await asyncio.sleep(0.4)
+        deadline = asyncio.get_running_loop().time() + 6
+        while r.pending_bytes and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
         assert r.pending_bytes == 0
         with pytest.raises(TransportError, match="did not all arrive"):
             await r.recv([old], timeout=0.05)
