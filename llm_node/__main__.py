@@ -5,35 +5,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 from coordinator.protocol.logs import setup_logging
-from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from coordinator.protocol.process import run_until_signalled
+from coordinator.protocol.worker_config import add_worker_args, worker_fields
 from llm_node.config import LLMWorkerConfig
 
 
 def parse(argv: list[str] | None) -> LLMWorkerConfig:
     p = argparse.ArgumentParser(prog="python -m llm_node", description="Run one tierserve LLM worker.")
-    p.add_argument("--worker-id", required=True, help="unique id in the cluster registry")
+    add_worker_args(p)
     p.add_argument("--role", choices=["combined", "prefill", "decode"], default="combined",
                    help="combined = prefill+decode here; prefill hands KV to a decode worker")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--key-prefix", default="tierserve", help="namespace of all Redis keys")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="local checkpoint dir (default: tiny LLaVA)")
-    p.add_argument("--model-name", default="tiny-llava")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences per engine step")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="most tokens per step (default: max(4096, the model's context length))")
-    p.add_argument("--transport", default="local", help="embedding/KV transport backend")
-    p.add_argument("--tier", default="cpu", help="GPU tier name from the catalog, or cpu")
     a = p.parse_args(argv)
-    return LLMWorkerConfig(
-        worker_id=a.worker_id, role=a.role, redis_url=a.redis_url, key_prefix=a.key_prefix, model_dir=a.model,
-        model_name=a.model_name, threads=a.threads, max_num_seqs=a.max_num_seqs,
-        max_num_batched_tokens=a.max_num_batched_tokens, transport=a.transport, tier=a.tier,
-    )
+    return LLMWorkerConfig(**worker_fields(a), role=a.role, max_num_seqs=a.max_num_seqs,
+                           max_num_batched_tokens=a.max_num_batched_tokens)
 
 
 async def amain(cfg: LLMWorkerConfig) -> None:
