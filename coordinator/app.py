@@ -16,7 +16,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import EncodeDispatcher
 from coordinator.errors import RequestError
 from coordinator.metrics import Metrics
-from coordinator.policies.immediate import POLICIES
+from coordinator.policies.registry import make_batch_policy
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.registry import WorkerRegistry
 from coordinator.state import AppState
@@ -41,15 +41,17 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         client = redis or Redis.from_url(config.redis_url)
         await client.ping()
         keys = Keys(config.key_prefix)
-        dispatcher = EncodeDispatcher(client, keys, POLICIES[config.batch_policy])
+        metrics = Metrics()
+        dispatcher = EncodeDispatcher(client, keys, config.batch_policy, make_batch_policy, metrics)
         app.state.tierserve = AppState(
             config=config, redis=client, keys=keys,
             registry=WorkerRegistry(client, keys, config.heartbeat_ttl_s), dispatcher=dispatcher,
             prompts=PromptBuilder.from_model_dir(config.model_dir, MediaLimits(
                 max_image_bytes=config.max_image_bytes, max_images_per_request=config.max_images_per_request,
                 max_image_pixels=config.max_image_pixels, allowed_local_dirs=config.allowed_local_dirs)),
-            metrics=Metrics(), started_at=time.time(),
+            metrics=metrics, started_at=time.time(),
         )
+        await client.set(keys.policy, config.batch_policy.model_dump_json())
         log.info("coordinator ready", extra={"redis": config.redis_url, "prefix": config.key_prefix})
         try:
             yield
@@ -76,8 +78,9 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         return JSONResponse(error_body(str(exc.detail), type_="not_found_error" if exc.status_code == 404
                                        else "invalid_request_error"), status_code=exc.status_code)
 
-    from coordinator.api import chat, cluster
+    from coordinator.api import admin, chat, cluster
 
+    app.include_router(admin.router)
     app.include_router(cluster.router)
     app.include_router(chat.router)
     return app

@@ -40,11 +40,15 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     api.add_argument("--allowed-local-media-dir", action="append", default=[],
                      help="directory image_url may name local files under (repeatable; default: none)")
     api.add_argument("--request-timeout", type=float, help="seconds before a request is answered 504 (default: 120)")
+    api.add_argument("--batch-policy", choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"],
+                     help="encode micro-batching policy (default: pass_through)")
+    api.add_argument("--max-batch", type=int, help="B: most requests per encode micro-batch (default: 8)")
 
 
 def coordinator_flags(a: argparse.Namespace) -> list[str]:
     flags = []
-    for name in ("max_image_bytes", "max_images_per_request", "max_image_pixels", "request_timeout"):
+    for name in ("max_image_bytes", "max_images_per_request", "max_image_pixels", "request_timeout", "batch_policy",
+                 "max_batch"):
         if getattr(a, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
     for d in a.allowed_local_media_dir:

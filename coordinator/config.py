@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coordinator.policies.base import BatchPolicyConfig
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
 
@@ -32,6 +32,8 @@ class CoordinatorConfig(BaseModel):
     """How long stored media lives in Redis if its request never gets encoded."""
     request_timeout_s: float = Field(120.0, gt=0)
     """A request with no final token by then is answered 504 and aborted."""
-    batch_policy: Literal["immediate"] = "immediate"
-    """Encode dispatch policy; the adaptive micro-batcher arrives with its own issue."""
+    batch_policy: BatchPolicyConfig = BatchPolicyConfig()
+    """How each encode worker's micro-batches are formed; changeable at run time (PUT /v1/admin/policy)."""
     heartbeat_ttl_s: float = Field(10.0, gt=0)
+    admin_token: str | None = None
+    """If set, /v1/admin/* requires `Authorization: Bearer <token>`; unset suits a loopback-only cluster."""

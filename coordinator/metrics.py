@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -23,3 +23,11 @@ class Metrics:
         self.overhead = Histogram("tierserve_overhead_seconds",
                                   "End-to-end time outside encode/prefill/decode compute", buckets=_LAT, registry=r)
         self.tokens = Counter("tierserve_generated_tokens", "Completion tokens produced", registry=r)
+        self.encode_batch = Histogram("tierserve_encode_batch_size", "Requests per released encode micro-batch",
+                                      buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.dispatch_queue = Gauge("tierserve_dispatch_queue", "Requests held in an encode worker's open batch",
+                                    ["worker"], registry=r)
+        self.arrival_rate = Gauge("tierserve_arrival_rate", "Estimated arrival rate (req/s) at an encode worker",
+                                  ["worker"], registry=r)
+        self.idle_threshold = Gauge("tierserve_idle_threshold_seconds", "Adaptive batching's idle threshold g",
+                                    ["worker"], registry=r)

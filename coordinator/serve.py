@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
+from coordinator.policies.base import BatchPolicyConfig
 from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
@@ -23,6 +24,15 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-local-media-dir", type=Path, action="append", default=[],
                    help="directory image_url may name local files under (repeatable)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
+    p.add_argument("--admin-token", default=None, help="require this bearer token on /v1/admin/* (default: open)")
+    b = p.add_argument_group("encode dispatch (micro-batching) policy; PUT /v1/admin/policy changes it live")
+    b.add_argument("--batch-policy", default="pass_through",
+                   choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"], help="(default: %(default)s)")
+    b.add_argument("--max-batch", type=int, default=8, help="B: most requests per micro-batch (default: %(default)s)")
+    b.add_argument("--fill-probability", type=float, default=0.6, help="adaptive's p (default: %(default)s)")
+    b.add_argument("--max-wait", type=float, default=1.0, help="A: cap on a batch's age in s (default: %(default)s)")
+    b.add_argument("--batch-timeout", type=float, default=0.05, help="fixed_timeout's timeout in s")
+    b.add_argument("--queue-length", type=int, default=4, help="queue_length's trigger")
 
 
 def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig:
@@ -31,6 +41,9 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
         model_name=a.model_name, max_image_bytes=a.max_image_bytes, max_images_per_request=a.max_images_per_request,
         max_image_pixels=a.max_image_pixels,
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
+        admin_token=a.admin_token, batch_policy=BatchPolicyConfig(
+            name=a.batch_policy, max_batch=a.max_batch, fill_probability=a.fill_probability, max_wait_s=a.max_wait,
+            timeout_s=a.batch_timeout, queue_length=a.queue_length),
     )
 
 

@@ -18,7 +18,7 @@ import torch
 from redis.asyncio import Redis
 
 from coordinator.protocol.keys import Keys
-from coordinator.protocol.messages import EncodeJob, PrefillJob, TokenEvent, WorkerInfo
+from coordinator.protocol.messages import EncodeBatch, EncodeJob, PrefillJob, TokenEvent, WorkerInfo
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry, least_loaded
@@ -59,24 +59,20 @@ class EncodeWorker:
         await self.sender.close()
 
     async def encode_once(self) -> None:
-        entries = await self.jobs.read(self.cfg.max_batch_size, block_ms=500)
-        if entries:
-            await self.handle(entries)
+        """One stream entry is one micro-batch, as the coordinator's dispatch policy formed it."""
+        for entry_id, job in await self.jobs.read(1, block_ms=500):
+            jobs = _jobs_of(job)
+            self.in_flight = len(jobs)
+            try:
+                for i in range(0, len(jobs), self.cfg.max_batch_size):  # the cap guards memory, not policy
+                    await self.encode_and_forward(jobs[i : i + self.cfg.max_batch_size])
+            finally:
+                self.in_flight = 0
+                await self.jobs.ack(entry_id)
 
     async def fail_entries(self, entries: list, reason: str) -> None:
-        await self.fail([j for _, j in entries if isinstance(j, EncodeJob)], reason)
+        await self.fail([j for _, job in entries for j in _jobs_of(job)], reason)
         await self.jobs.ack(*[entry_id for entry_id, _ in entries])
-
-    async def handle(self, entries: list) -> None:
-        ids = [entry_id for entry_id, _ in entries]
-        jobs = [j for _, j in entries if isinstance(j, EncodeJob)]
-        self.in_flight = len(jobs)
-        try:
-            if jobs:
-                await self.encode_and_forward(jobs)
-        finally:
-            self.in_flight = 0
-            await self.jobs.ack(*ids)
 
     async def encode_and_forward(self, jobs: list[EncodeJob]) -> None:
         media = await self.fetch_media(jobs)
@@ -91,7 +87,7 @@ class EncodeWorker:
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
-        ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end")}), m) for j, m in ok]
+        ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end", encode_batch=len(ok))}), m) for j, m in ok]
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
         for (j, _), err in zip(ok, batch.errors):
             if err is not None:
@@ -142,3 +138,9 @@ class EncodeWorker:
                 (j.request_id, TokenEvent(finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
                 for j in jobs
             ])
+
+
+def _jobs_of(entry) -> list[EncodeJob]:
+    if isinstance(entry, EncodeBatch):
+        return list(entry.jobs)
+    return [entry] if isinstance(entry, EncodeJob) else []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 @dataclass(frozen=True)
@@ -28,3 +30,26 @@ class BatchPolicy(Protocol):
     def next_deadline(self, now: float) -> float | None:
         """When `decide` may next return something without a new event; None = only on events."""
         ...
+
+
+class BatchPolicyConfig(BaseModel):
+    """Knobs of an encode worker's dispatch policy; changeable at run time (the admin endpoint)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: Literal["pass_through", "fixed_timeout", "queue_length", "adaptive"] = "pass_through"
+    """pass_through releases every arrival alone (B=1); the others are EAServe's baselines and its rule."""
+    max_batch: int = Field(8, ge=1)
+    """B: the most requests in one micro-batch."""
+    fill_probability: float = Field(0.6, gt=0.0, lt=1.0)
+    """p: adaptive's target probability that a batch fills to B before the idle threshold g."""
+    max_wait_s: float = Field(1.0, gt=0.0)
+    """A: hard cap on how long the oldest request of a batch may wait."""
+    timeout_s: float = Field(0.05, gt=0.0)
+    """fixed_timeout: release this long after a batch's first arrival."""
+    queue_length: int = Field(4, ge=1)
+    """queue_length: release as soon as this many requests are queued."""
+    rate_window_s: float = Field(10.0, gt=0.0)
+    """adaptive: arrivals older than this no longer count towards the rate estimate."""
+    min_samples: int = Field(3, ge=2)
+    """adaptive: below this many arrivals in the window the rate is unknown, and batches go out at once."""

@@ -42,6 +42,6 @@ class Keys:
         return f"{self.prefix}:aborts"
 
     @property
-    def requests_total(self) -> str:
-        """Counter of accepted requests (used for request ids across coordinator restarts)."""
-        return f"{self.prefix}:requests_total"
+    def policy(self) -> str:
+        """String: the policy knobs in force (JSON), as last set at start or through the admin endpoint."""
+        return f"{self.prefix}:policy"

@@ -1,6 +1,6 @@
 """One typed message per hop of a request; JSON on Redis streams, never pickle.
 
-    coordinator --EncodeJob--> encode worker --PrefillJob--> prefill/combined worker
+    coordinator --EncodeBatch (of EncodeJobs)--> encode worker --PrefillJob--> prefill/combined worker
     prefill worker --DecodeJob--> decode worker;  any LLM worker --TokenEvent--> request stream
 """
 
@@ -38,6 +38,8 @@ class Timing(BaseModel):
     """Compute time a request spent in each stage, so overhead = e2e - compute can be measured."""
 
     encode_s: float = 0.0
+    encode_batch: int = 0
+    """Requests in the encoder forward pass this request was part of (0: not encoded)."""
     prefill_s: float = 0.0
     decode_s: float = 0.0
     transfer_s: float = 0.0
@@ -74,6 +76,13 @@ class EncodeJob(_Job):
     """Pin the prefill to this worker; None lets the encode worker choose (the control point)."""
 
 
+class EncodeBatch(BaseModel):
+    """One micro-batch as the dispatch policy released it: the encode worker runs it as one forward."""
+
+    kind: Literal["encode_batch"] = "encode_batch"
+    jobs: list[EncodeJob]
+
+
 class PrefillJob(_Job):
     kind: Literal["prefill"] = "prefill"
     embeddings: list[TensorDescriptor] = []
@@ -92,7 +101,7 @@ class AbortJob(BaseModel):
     request_id: str
 
 
-Job = Annotated[Union[EncodeJob, PrefillJob, DecodeJob, AbortJob], Field(discriminator="kind")]
+Job = Annotated[Union[EncodeJob, EncodeBatch, PrefillJob, DecodeJob, AbortJob], Field(discriminator="kind")]
 JOB_ADAPTER: TypeAdapter[Job] = TypeAdapter(Job)
 
 

@@ -8,8 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from coordinator.dispatch import EncodeDispatcher
-from coordinator.policies.base import Arrival, Release
-from coordinator.policies.immediate import ImmediateRelease
+from coordinator.policies.base import Arrival, BatchPolicyConfig, Release
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import EncodeJob, MediaRef, SamplingParams, WorkerInfo
 from coordinator.protocol.registry import WorkerRegistry, least_loaded
@@ -58,7 +57,7 @@ def test_least_loaded_rotates_among_ties():
 class _HoldTwo:
     """Releases in pairs, or a lone request 1 s after it arrived: exercises the deadline path."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: BatchPolicyConfig) -> None:
         self.queued: list[float] = []
 
     def observe(self, event: Arrival, now: float) -> None:
@@ -77,7 +76,7 @@ class _HoldTwo:
 async def test_dispatcher_releases_on_policy_decisions_and_deadlines(redis_url, key_prefix):
     redis = Redis.from_url(redis_url)
     keys = Keys(key_prefix)
-    disp = EncodeDispatcher(redis, keys, _HoldTwo)
+    disp = EncodeDispatcher(redis, keys, BatchPolicyConfig(), _HoldTwo)
     stream = JobStream(redis, keys, "e0")
     await stream.open()
     try:
@@ -85,18 +84,34 @@ async def test_dispatcher_releases_on_policy_decisions_and_deadlines(redis_url, 
         assert await stream.read(10, block_ms=1) == []  # held: the policy waits for a second one
         await disp.submit("e0", _job("r2"))
         got = await stream.read(10, block_ms=100)
-        assert [j.request_id for _, j in got] == ["r1", "r2"]
+        assert [[j.request_id for j in b.jobs] for _, b in got] == [["r1", "r2"]]  # one entry: one micro-batch
         await disp.submit("e0", _job("r3"))
         got = await stream.read(10, block_ms=3000)  # released by the 1 s deadline timer
-        assert [j.request_id for _, j in got] == ["r3"]
+        assert [[j.request_id for j in b.jobs] for _, b in got] == [["r3"]]
     finally:
         disp.close()
         await redis.aclose()
 
 
-def test_immediate_policy_releases_everything_queued():
-    p = ImmediateRelease()
-    assert p.decide(0.0) == [] and p.next_deadline(0.0) is None
-    p.observe(Arrival("a"), 0.0)
-    p.observe(Arrival("b"), 0.0)
-    assert p.decide(0.0) == [Release(2)] and p.decide(0.0) == []
+async def test_reconfigure_flushes_what_is_queued_and_applies_new_knobs(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    made: list[BatchPolicyConfig] = []
+
+    def factory(cfg: BatchPolicyConfig) -> _HoldTwo:
+        made.append(cfg)
+        return _HoldTwo(cfg)
+
+    disp = EncodeDispatcher(redis, keys, BatchPolicyConfig(max_batch=8), factory)
+    stream = JobStream(redis, keys, "e0")
+    await stream.open()
+    try:
+        await disp.submit("e0", _job("r1"))
+        await disp.reconfigure(BatchPolicyConfig(name="adaptive", max_batch=4))
+        got = await stream.read(10, block_ms=100)
+        assert [[j.request_id for j in b.jobs] for _, b in got] == [["r1"]]  # flushed, not lost
+        await disp.submit("e0", _job("r2"))
+        assert [c.max_batch for c in made] == [8, 4]
+    finally:
+        disp.close()
+        await redis.aclose()

@@ -1,0 +1,70 @@
+"""Micro-batches on the live cluster: the dispatch policy forms them, the encoder runs them as formed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _url(seed: int) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+async def _burst(base: str, n: int) -> list[int]:
+    """n image requests at once; the encoder batch size each one was part of."""
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        async def one(i: int) -> int:
+            r = await client.post("/v1/chat/completions", json={
+                "model": "tiny-llava", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": _url(i)}}, {"type": "text", "text": "hi"}]}]})
+            assert r.status_code == 200, r.text
+            return r.json()["tierserve"]["compute"]["encode_batch"]
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+@pytest.fixture
+def policy(cluster):
+    """Set the live policy for one test, then restore pass-through."""
+    def put(**batch) -> dict:
+        r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": batch}, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["batch"]
+    yield put
+    put(name="pass_through", max_batch=8)
+
+
+def test_pass_through_encodes_one_request_at_a_time(cluster, policy):
+    assert policy(name="pass_through")["name"] == "pass_through"
+    assert asyncio.run(_burst(cluster.url, 6)) == [1] * 6
+
+
+def test_size_trigger_forms_batches_of_b(cluster, policy):
+    policy(name="fixed_timeout", max_batch=4, timeout_s=2.0)  # a burst fills B long before the timeout
+    sizes = asyncio.run(_burst(cluster.url, 8))
+    assert sorted(sizes) == [4] * 8
+
+
+def test_adaptive_batches_a_burst_and_never_exceeds_b(cluster, policy):
+    policy(name="adaptive", max_batch=4, max_wait_s=1.0)
+    asyncio.run(_burst(cluster.url, 4))  # lets the rate estimate see a few arrivals
+    sizes = asyncio.run(_burst(cluster.url, 12))
+    assert max(sizes) <= 4 and sizes.count(4) >= 4, sizes  # most requests rode in full batches
+
+
+def test_bad_policy_update_is_a_400_and_changes_nothing(cluster, policy):
+    before = httpx.get(f"{cluster.url}/v1/admin/policy", timeout=10).json()
+    r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": {"max_batch": 0}}, timeout=10)
+    assert r.status_code == 400 and "max_batch" in r.json()["error"]["message"]
+    r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": {"name": "fifo"}}, timeout=10)
+    assert r.status_code == 400
+    assert httpx.get(f"{cluster.url}/v1/admin/policy", timeout=10).json() == before
