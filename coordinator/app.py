@@ -42,16 +42,16 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         await client.ping()
         keys = Keys(config.key_prefix)
         metrics = Metrics()
-        dispatcher = EncodeDispatcher(client, keys, config.batch_policy, make_batch_policy, metrics)
+        dispatcher = EncodeDispatcher(client, keys, config.policy.batch, make_batch_policy, metrics)
         app.state.tierserve = AppState(
             config=config, redis=client, keys=keys,
             registry=WorkerRegistry(client, keys, config.heartbeat_ttl_s), dispatcher=dispatcher,
             prompts=PromptBuilder.from_model_dir(config.model_dir, MediaLimits(
                 max_image_bytes=config.max_image_bytes, max_images_per_request=config.max_images_per_request,
                 max_image_pixels=config.max_image_pixels, allowed_local_dirs=config.allowed_local_dirs)),
-            metrics=metrics, started_at=time.time(),
+            metrics=metrics, started_at=time.time(), policy=config.policy,
         )
-        await client.set(keys.policy, config.batch_policy.model_dump_json())
+        await client.set(keys.policy, config.policy.model_dump_json())
         log.info("coordinator ready", extra={"redis": config.redis_url, "prefix": config.key_prefix})
         try:
             yield

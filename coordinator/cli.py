@@ -31,6 +31,8 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=default_port, help="coordinator HTTP port (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
+    p.add_argument("--local-prefill", action="store_true",
+                   help="start a prefill worker beside each encode worker (the offload share s goes there)")
     p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
     api = p.add_argument_group("API limits (passed to the coordinator)")
@@ -43,12 +45,13 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     api.add_argument("--batch-policy", choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"],
                      help="encode micro-batching policy (default: pass_through)")
     api.add_argument("--max-batch", type=int, help="B: most requests per encode micro-batch (default: 8)")
+    api.add_argument("--offload-share", type=float, help="s: share of prefills on the local prefill worker (default: 0)")
 
 
 def coordinator_flags(a: argparse.Namespace) -> list[str]:
     flags = []
     for name in ("max_image_bytes", "max_images_per_request", "max_image_pixels", "request_timeout", "batch_policy",
-                 "max_batch"):
+                 "max_batch", "offload_share"):
         if getattr(a, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
     for d in a.allowed_local_media_dir:
@@ -62,7 +65,7 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec(
         encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
         model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
-        port=a.port or free_port(), threads=a.threads, coordinator_args=coordinator_flags(a),
+        port=a.port or free_port(), threads=a.threads, local_prefill=a.local_prefill, coordinator_args=coordinator_flags(a),
     )
 
 

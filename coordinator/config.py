@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.policies.base import BatchPolicyConfig
+from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
 
@@ -32,8 +32,8 @@ class CoordinatorConfig(BaseModel):
     """How long stored media lives in Redis if its request never gets encoded."""
     request_timeout_s: float = Field(120.0, gt=0)
     """A request with no final token by then is answered 504 and aborted."""
-    batch_policy: BatchPolicyConfig = BatchPolicyConfig()
-    """How each encode worker's micro-batches are formed; changeable at run time (PUT /v1/admin/policy)."""
+    policy: PolicyConfig = PolicyConfig()
+    """Micro-batching and offload knobs at start; changeable at run time (PUT /v1/admin/policy)."""
     heartbeat_ttl_s: float = Field(10.0, gt=0)
     admin_token: str | None = None
     """If set, /v1/admin/* requires `Authorization: Bearer <token>`; unset suits a loopback-only cluster."""

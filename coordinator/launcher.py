@@ -36,6 +36,8 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     port: int = 8000
     threads: int = 1
+    local_prefill: bool = False
+    """Start a prefill worker beside each encode worker (sharing its GPU), for the offload share s."""
     coordinator_args: list[str] = field(default_factory=list)
     """Extra flags for `python -m coordinator.serve`."""
 
@@ -56,6 +58,9 @@ class ClusterSpec:
             raise ClusterError("no LLM worker can prefill; add a combined or prefill worker (--llm combined)")
         if "prefill" in self.llm_roles and "decode" not in self.llm_roles:
             raise ClusterError("a prefill worker hands its KV cache to a decode worker; add one (--llm prefill,decode)")
+        if self.local_prefill and "decode" not in self.llm_roles:
+            raise ClusterError("local prefill workers hand their KV cache to a decode worker; add one "
+                               "(--llm combined,decode)")
         if self.encode_workers < 0:
             raise ClusterError("--encode must be >= 0")
 
@@ -98,12 +103,16 @@ class LocalCluster:
                   "--model-name", s.model_name, "--threads", str(s.threads)]
         for i in range(s.encode_workers):
             self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common])
+        if s.local_prefill:
+            for i in range(s.encode_workers):
+                self._spawn(f"llm-local-{i}", ["-m", "llm_node", "--worker-id", f"llm-local-{i}", "--role", "prefill",
+                                               "--colocate-with", f"encode-{i}", *common])
         for i, role in enumerate(s.llm_roles):
             self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common])
         self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
-        self.wait_ready(s.encode_workers + len(s.llm_roles), timeout_s)
+        self.wait_ready(s.encode_workers * (2 if s.local_prefill else 1) + len(s.llm_roles), timeout_s)
 
     def wait_ready(self, n_workers: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
-from coordinator.policies.base import BatchPolicyConfig
+from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
 from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
@@ -33,6 +33,8 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--max-wait", type=float, default=1.0, help="A: cap on a batch's age in s (default: %(default)s)")
     b.add_argument("--batch-timeout", type=float, default=0.05, help="fixed_timeout's timeout in s")
     b.add_argument("--queue-length", type=int, default=4, help="queue_length's trigger")
+    b.add_argument("--offload-share", type=float, default=0.0,
+                   help="s: share of prefills run on the encode GPU's co-located prefill worker (default: %(default)s)")
 
 
 def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig:
@@ -41,9 +43,9 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
         model_name=a.model_name, max_image_bytes=a.max_image_bytes, max_images_per_request=a.max_images_per_request,
         max_image_pixels=a.max_image_pixels,
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
-        admin_token=a.admin_token, batch_policy=BatchPolicyConfig(
+        admin_token=a.admin_token, policy=PolicyConfig(batch=BatchPolicyConfig(
             name=a.batch_policy, max_batch=a.max_batch, fill_probability=a.fill_probability, max_wait_s=a.max_wait,
-            timeout_s=a.batch_timeout, queue_length=a.queue_length),
+            timeout_s=a.batch_timeout, queue_length=a.queue_length), offload=OffloadConfig(s=a.offload_share)),
     )
 
 

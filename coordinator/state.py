@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import EncodeDispatcher
 from coordinator.metrics import Metrics
+from coordinator.policies.base import PolicyConfig
 from coordinator.prompt import PromptBuilder
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.registry import WorkerRegistry
@@ -26,6 +27,8 @@ class AppState:
     prompts: PromptBuilder
     metrics: Metrics
     started_at: float
+    policy: PolicyConfig
+    """The knobs in force; the dispatcher holds the batch part, workers read the rest from Redis."""
     counter: int = 0
 
 

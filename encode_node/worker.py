@@ -21,7 +21,9 @@ from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import EncodeBatch, EncodeJob, PrefillJob, TokenEvent, WorkerInfo
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.process import forever, supervise
-from coordinator.protocol.registry import WorkerRegistry, least_loaded
+from coordinator.policies.base import PolicyConfig
+from coordinator.policies.offload import OffloadRouter
+from coordinator.protocol.registry import WorkerRegistry, WorkerStatus, least_loaded
 from coordinator.protocol.streams import JobStream, publish_tokens, push_job
 from encode_node.config import EncodeWorkerConfig
 from encode_node.encoder import LlavaImageEncoder
@@ -29,6 +31,7 @@ from transport.registry import make_sender
 
 log = logging.getLogger(__name__)
 PREFILL_ROLES = frozenset({"prefill", "combined"})
+POLICY_REFRESH_S = 1.0
 
 
 class EncodeWorker:
@@ -42,6 +45,8 @@ class EncodeWorker:
         self.sender = make_sender(cfg.transport)
         self.in_flight = 0
         self._rr = 0
+        self.router = OffloadRouter(0.0)
+        self._policy_read = -POLICY_REFRESH_S
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -52,7 +57,7 @@ class EncodeWorker:
     async def run(self, stop: asyncio.Event) -> None:
         await self.jobs.open()
         await self.fail_entries(await self.jobs.stranded(), "the encode worker restarted before finishing it")
-        async with Presence(self.registry, self.info(), lambda: self.in_flight):
+        async with Presence(self.registry, self.info(), lambda: self.in_flight, stats=self.stats):
             await supervise([forever("encode", self.encode_once, stop)], stop)
         await self.fail_entries(await self.jobs.unread(), f"encode worker {self.cfg.worker_id} stopped")
         await self.jobs.delete()
@@ -93,6 +98,7 @@ class EncodeWorker:
             if err is not None:
                 await self.fail([j], err)
         targets = await self.registry.alive(PREFILL_ROLES)
+        await self.refresh_policy()
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
         await asyncio.gather(*(self.forward(j, emb, batch.seconds, targets)
                                for (j, _), emb in zip(ok, batch.per_request) if emb is not None))
@@ -110,11 +116,35 @@ class EncodeWorker:
             out.append(None if any(c is None for c in chunk) else list(chunk))
         return out
 
-    async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, targets: list) -> None:
+    async def refresh_policy(self) -> None:
+        """Pick up the offload share s set through the admin endpoint (at most one GET a second)."""
+        now = time.monotonic()
+        if now - self._policy_read < POLICY_REFRESH_S:
+            return
+        self._policy_read = now
+        raw = await self.redis.get(self.keys.policy)
+        if raw:
+            s = PolicyConfig.model_validate_json(raw).offload.s
+            if s != self.router.share:
+                self.router.set_share(s)
+                log.info("offload share changed", extra={"s": s})
+
+    def choose(self, job: EncodeJob, targets: list[WorkerStatus]) -> WorkerStatus | None:
+        """The prefill worker for one request: its own co-located worker for a share s, else a remote one."""
         self._rr += 1
         if job.prefill_worker is not None:
-            targets = [t for t in targets if t.info.worker_id == job.prefill_worker]
-        target = least_loaded(targets, self._rr)
+            return least_loaded([t for t in targets if t.info.worker_id == job.prefill_worker], self._rr)
+        local = [t for t in targets if t.info.colocated_with == self.cfg.worker_id]
+        remote = [t for t in targets if t.info.colocated_with is None]  # other encoders' local workers are theirs
+        side = self.router.route(bool(local), bool(remote))
+        return least_loaded(local if side == "local" else remote, self._rr) if side else None
+
+    def stats(self) -> dict[str, float]:
+        realised = self.router.realised_share
+        return {"offload_share": self.router.share} | ({} if realised is None else {"offload_realised": realised})
+
+    async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, targets: list) -> None:
+        target = self.choose(job, targets)
         if target is None:
             await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")
             return

@@ -20,9 +20,13 @@ def parse(argv: list[str] | None) -> LLMWorkerConfig:
     p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences per engine step")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="most tokens per step (default: max(4096, the model's context length))")
+    p.add_argument("--colocate-with", default=None, metavar="ENCODE_WORKER_ID",
+                   help="this worker shares that encode worker's GPU: it takes the share s of its prefills")
     a = p.parse_args(argv)
+    if a.colocate_with and a.role != "prefill":
+        p.error("--colocate-with needs --role prefill: decode never shares an encode GPU (DESIGN: space sharing)")
     return LLMWorkerConfig(**worker_fields(a), role=a.role, max_num_seqs=a.max_num_seqs,
-                           max_num_batched_tokens=a.max_num_batched_tokens)
+                           max_num_batched_tokens=a.max_num_batched_tokens, colocated_with=a.colocate_with)
 
 
 async def amain(cfg: LLMWorkerConfig) -> None:

@@ -17,5 +17,7 @@ class LLMWorkerConfig(WorkerConfig):
     max_num_batched_tokens: int | None = Field(None, ge=16)
     """Most tokens in one step; None: max(4096, the model's context length). There is no chunked
     prefill, so it must be at least the context length, or long prompts could never run."""
+    colocated_with: str | None = None
+    """The encode worker whose GPU this worker shares (its "local" prefill worker, share s of prefills)."""
     recv_timeout_s: float = Field(30.0, gt=0)
     """How long to wait for a job's tensors after its control message arrived."""

@@ -60,7 +60,7 @@ class LLMWorker:
         return WorkerInfo(
             worker_id=self.cfg.worker_id, role=self.cfg.role, tier=self.cfg.tier, host=socket.gethostname(),
             pid=os.getpid(), model=self.cfg.model_name, transport_address=self.receiver.address,
-            started_at=time.time(),
+            colocated_with=self.cfg.colocated_with, started_at=time.time(),
         )
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -1,4 +1,8 @@
-"""Run-time policy knobs: `GET/PUT /v1/admin/policy`, so the planner applies a configuration without restarts."""
+"""Run-time policy knobs: `GET/PUT /v1/admin/policy`, so the planner applies a configuration without restarts.
+
+The batch policy lives in this coordinator's dispatcher; every knob is also stored under
+`{prefix}:policy`, where the workers read theirs (the offload share s) within a second.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from coordinator.errors import RequestError
-from coordinator.policies.base import BatchPolicyConfig
+from coordinator.policies.base import PolicyConfig
 from coordinator.state import AppState, State
 
 router = APIRouter()
@@ -21,6 +25,8 @@ class PolicyUpdate(BaseModel):
 
     batch: dict | None = None
     """Any BatchPolicyConfig fields (name, max_batch, fill_probability, max_wait_s, ...)."""
+    offload: dict | None = None
+    """Any OffloadConfig fields (s)."""
 
 
 def _authorize(state: AppState, request: Request) -> None:
@@ -33,14 +39,10 @@ def _authorize(state: AppState, request: Request) -> None:
                            code="unauthorized")
 
 
-def _current(state: AppState) -> dict:
-    return {"batch": state.dispatcher.config.model_dump()}
-
-
 @router.get("/v1/admin/policy")
 async def get_policy(request: Request, state: State) -> dict:
     _authorize(state, request)
-    return _current(state)
+    return state.policy.model_dump()
 
 
 @router.put("/v1/admin/policy")
@@ -48,11 +50,17 @@ async def put_policy(request: Request, state: State) -> dict:
     _authorize(state, request)
     try:
         update = PolicyUpdate.model_validate_json(await request.body())
-        batch = BatchPolicyConfig.model_validate({**state.dispatcher.config.model_dump(), **(update.batch or {})})
+        current = state.policy.model_dump()
+        policy = PolicyConfig.model_validate({
+            "batch": {**current["batch"], **(update.batch or {})},
+            "offload": {**current["offload"], **(update.offload or {})},
+        })
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise RequestError(f"{loc}: {first['msg']}", param=loc or None) from None
-    await state.dispatcher.reconfigure(batch)
-    await state.redis.set(state.keys.policy, batch.model_dump_json())
-    return _current(state)
+    if policy.batch != state.policy.batch:
+        await state.dispatcher.reconfigure(policy.batch)
+    state.policy = policy
+    await state.redis.set(state.keys.policy, policy.model_dump_json())
+    return policy.model_dump()

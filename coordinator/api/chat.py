@@ -39,10 +39,14 @@ class Tracker:
         self.tokens = 0
         self.final: TokenEvent | None = None
         self.relayed = 0.0
+        self.first_worker = ""
+        """The worker that produced the first token: where the prefill ran."""
 
     def see(self, ev: TokenEvent) -> None:
         if ev.token_ids:
             now = time.perf_counter()
+            if self.first is None:
+                self.first_worker = ev.worker_id
             self.first = self.first or now
             self.last = now
             self.tokens += len(ev.token_ids)
@@ -58,7 +62,7 @@ class Tracker:
         compute = (timing.encode_s + timing.prefill_s + timing.decode_s) if timing else None
         return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "overhead_s": (e2e - compute) if compute is not None else None,
                 "compute": timing.model_dump(exclude={"marks"}) if timing else None,
-                "stages_s": stages(timing.marks, self.relayed) if timing else None}
+                "stages_s": stages(timing.marks, self.relayed) if timing else None, "prefill_worker": self.first_worker}
 
     def record(self, outcome: str) -> dict:
         m, s = self.state.metrics, self.summary()

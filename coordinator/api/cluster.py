@@ -36,7 +36,8 @@ async def cluster(state: State) -> dict:
     workers = await state.registry.alive()
     return {"workers": [{
         "worker_id": w.info.worker_id, "role": w.info.role, "tier": w.info.tier, "host": w.info.host,
-        "pid": w.info.pid, "model": w.info.model, "load": w.load,
+        "pid": w.info.pid, "model": w.info.model, "load": w.load, "colocated_with": w.info.colocated_with,
+        "stats": w.stats,
         "heartbeat_age_s": round(w.heartbeat_age_s, 3), "uptime_s": round(time.time() - w.info.started_at, 1),
     } for w in workers]}
 

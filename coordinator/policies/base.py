@@ -53,3 +53,22 @@ class BatchPolicyConfig(BaseModel):
     """adaptive: arrivals older than this no longer count towards the rate estimate."""
     min_samples: int = Field(3, ge=2)
     """adaptive: below this many arrivals in the window the rate is unknown, and batches go out at once."""
+
+
+class OffloadConfig(BaseModel):
+    """Speed-controlled partial offload: where each image request's prefill runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    s: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of prefills sent to the prefill worker co-located on the encode GPU; the rest go remote.
+    With no co-located worker every prefill goes remote whatever s is."""
+
+
+class PolicyConfig(BaseModel):
+    """Every run-time knob, as stored under `{prefix}:policy` and changed by PUT /v1/admin/policy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch: BatchPolicyConfig = BatchPolicyConfig()
+    offload: OffloadConfig = OffloadConfig()

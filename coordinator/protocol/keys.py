@@ -21,7 +21,7 @@ class Keys:
         return f"{self.prefix}:hb:{worker_id}"
 
     def load(self, worker_id: str) -> str:
-        """String: the worker's in-flight request count, reported with each heartbeat."""
+        """String (JSON): the worker's in-flight request count and policy stats, sent with each heartbeat."""
         return f"{self.prefix}:load:{worker_id}"
 
     def jobs(self, worker_id: str) -> str:

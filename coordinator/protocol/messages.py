@@ -133,4 +133,6 @@ class WorkerInfo(BaseModel):
     model: str
     transport_address: str = ""
     """Where this worker's transport receiver listens ("" for encode workers)."""
+    colocated_with: str | None = None
+    """For a prefill worker on an encode GPU: that encode worker's id (its "local" prefill worker)."""
     started_at: float

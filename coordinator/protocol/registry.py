@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -16,6 +17,8 @@ class WorkerStatus:
     info: WorkerInfo
     heartbeat_age_s: float
     load: int
+    stats: dict[str, float] = field(default_factory=dict)
+    """What the worker reports about its policies (e.g. realised offload share), for metrics."""
 
 
 class WorkerRegistry:
@@ -26,14 +29,14 @@ class WorkerRegistry:
         self.keys = keys
         self.ttl_ms = int(heartbeat_ttl_s * 1000)
 
-    async def register(self, info: WorkerInfo, load: int = 0) -> None:
+    async def register(self, info: WorkerInfo, load: int = 0, stats: dict[str, float] | None = None) -> None:
         await self.redis.hset(self.keys.workers, info.worker_id, info.model_dump_json())
-        await self.heartbeat(info.worker_id, load)
+        await self.heartbeat(info.worker_id, load, stats)
 
-    async def heartbeat(self, worker_id: str, load: int) -> None:
+    async def heartbeat(self, worker_id: str, load: int, stats: dict[str, float] | None = None) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(self.keys.heartbeat(worker_id), repr(time.time()), px=self.ttl_ms)
-        pipe.set(self.keys.load(worker_id), load, px=self.ttl_ms)
+        pipe.set(self.keys.load(worker_id), json.dumps({"load": load, "stats": stats or {}}), px=self.ttl_ms)
         await pipe.execute()
 
     async def deregister(self, worker_id: str) -> None:
@@ -61,7 +64,9 @@ class WorkerRegistry:
             hb, load = vals[2 * n], vals[2 * n + 1]
             if hb is None:
                 continue
-            out.append(WorkerStatus(info, max(0.0, now - float(hb)), int(load or 0)))
+            status = json.loads(load) if load else {}
+            out.append(WorkerStatus(info, max(0.0, now - float(hb)), int(status.get("load", 0)),
+                                    dict(status.get("stats", {}))))
         return sorted(out, key=lambda s: s.info.worker_id)
 
 

@@ -18,14 +18,16 @@ def media_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cluster(redis_url, tmp_path_factory, media_dir):
-    """One encode worker; a combined worker and a prefill -> decode pair, so both LLM paths are live."""
+    """One encode worker with a co-located prefill worker (llm-local-0); a combined worker and a
+    prefill -> decode pair, so every LLM path is live."""
     import uuid
 
     import redis
 
     prefix = f"tstest-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(
-        encode_workers=1, llm_roles=["combined", "prefill", "decode"], redis_url=redis_url, key_prefix=prefix,
+        encode_workers=1, llm_roles=["combined", "prefill", "decode"], local_prefill=True, redis_url=redis_url,
+        key_prefix=prefix,
         port=free_port(), coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir)],
     )
     c = LocalCluster(spec, tmp_path_factory.mktemp("cluster-logs"))
