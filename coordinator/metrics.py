@@ -29,5 +29,9 @@ class Metrics:
                                     ["worker"], registry=r)
         self.arrival_rate = Gauge("tierserve_arrival_rate", "Estimated arrival rate (req/s) at an encode worker",
                                   ["worker"], registry=r)
+        self.worker_load = Gauge("tierserve_worker_load", "In-flight requests a worker reported",
+                                 ["worker", "role"], registry=r)
+        self.worker_stat = Gauge("tierserve_worker_stat", "Policy statistics a worker reported "
+                                 "(offload_share, offload_realised, ...)", ["worker", "stat"], registry=r)
         self.idle_threshold = Gauge("tierserve_idle_threshold_seconds", "Adaptive batching's idle threshold g",
                                     ["worker"], registry=r)

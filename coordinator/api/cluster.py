@@ -44,4 +44,12 @@ async def cluster(state: State) -> dict:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """The coordinator's own metrics, plus what each live worker reported with its last heartbeat."""
+    m = state.metrics
+    m.worker_load.clear()
+    m.worker_stat.clear()
+    for w in await state.registry.alive():
+        m.worker_load.labels(w.info.worker_id, w.info.role).set(w.load)
+        for stat, value in w.stats.items():
+            m.worker_stat.labels(w.info.worker_id, stat).set(value)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

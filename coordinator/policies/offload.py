@@ -81,11 +81,14 @@ class OffloadRouter:
         return float(self._share)
 
     def set_share(self, s: float) -> None:
-        """Change s at run time (planner, admin endpoint); the schedule restarts from the next prefill."""
+        """Change s at run time (planner, admin endpoint); the schedule restarts from the next prefill,
+        and `realised_share` from then on reports the new s's decisions only."""
         share = _exact_share(s)
         if share != self._share:
             self._share = share
             self._phase = 0
+            self._recent.clear()
+            self._recent_local = 0
 
     def route(self, local_available: bool, remote_available: bool) -> Side | None:
         """Where the next prefill goes; None if neither side can take it (the caller queues or rejects)."""
@@ -123,7 +126,8 @@ class OffloadRouter:
 
     @property
     def realised_share(self) -> float | None:
-        """Share of the last `window` routed prefills (fallbacks included) that went local; None before any."""
+        """Share of the last `window` routed prefills since s last changed (fallbacks included) that went
+        local; None before any."""
         if not self._recent:
             return None
         return self._recent_local / len(self._recent)

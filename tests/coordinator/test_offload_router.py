@@ -145,3 +145,15 @@ def test_share_out_of_range_is_rejected(s):
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="window=0"):
         OffloadRouter(0.5, window=0)
+
+
+def test_realised_share_reports_only_the_current_share():
+    r = OffloadRouter(0.0)
+    for _ in range(60):
+        r.route(True, True)
+    assert r.realised_share == 0.0
+    r.set_share(0.5)
+    assert r.realised_share is None
+    for _ in range(40):
+        r.route(True, True)
+    assert r.realised_share == 0.5

@@ -53,6 +53,11 @@ def test_realised_local_share_follows_s(cluster, s):
         # here the window is this run's 40 requests.
         assert abs(local - s) <= 1 / N + 1e-9, (s, local, workers)
         assert set(workers) - {"llm-local-0"} <= {"llm-0-combined", "llm-1-prefill"}
+        time.sleep(2.5)  # the next heartbeat carries the encode worker's stats
+        metrics = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+        line = next(x for x in metrics.splitlines()
+                    if x.startswith('tierserve_worker_stat{') and 'stat="offload_realised"' in x)
+        assert abs(float(line.split()[-1]) - s) <= 0.05, line
     finally:
         _set_share(cluster, 0.0)
 
