@@ -138,16 +138,36 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(state, req.model, tracker, events, keys, include_usage),
                                  media_type="text/event-stream", headers={"X-Request-Id": rid})
-    return await _complete(state, req.model, tracker, events, keys)
+    return await _complete(state, req.model, tracker, events, keys, request)
 
 
 async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncIterator[TokenEvent],
-                    keys: list[str]) -> JSONResponse:
+                    keys: list[str], request: Request) -> JSONResponse:
     text: list[str] = []
-    try:
+
+    async def collect() -> None:
         async for ev in events:
             tr.see(ev)
             text.append(ev.text)
+
+    collecting = asyncio.ensure_future(collect())
+    watching = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait([collecting, watching], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the handler itself was cancelled (shutdown)
+        collecting.cancel()
+        raise
+    finally:
+        watching.cancel()
+    if not collecting.done():  # the client went away: stop the workers spending compute on it
+        collecting.cancel()
+        await asyncio.gather(collecting, return_exceptions=True)
+        await _cleanup(state, tr.request_id, keys, finished=False)
+        tr.record("disconnected")
+        return JSONResponse(ErrorResponse.model_validate({"error": {"message": "client disconnected",
+                            "type": "aborted"}}).model_dump(), status_code=499)
+    try:
+        collecting.result()
     except RelayTimeout as e:
         await _cleanup(state, tr.request_id, keys, finished=False)
         tr.record("timeout")
@@ -168,6 +188,11 @@ async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncItera
     ).model_dump()
     body["tierserve"] = tr.record("ok")
     return JSONResponse(body, headers={"X-Request-Id": tr.request_id})
+
+
+async def _until_disconnected(request: Request, poll_s: float = 0.25) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)
 
 
 def _chunk(tr: Tracker, model: str, created: int, delta: Delta, finish=None, usage=None, choices=True) -> str:

@@ -43,3 +43,19 @@ def test_disconnect_aborts_generation(cluster):
         assert first == 0 or r.ttl(key) > 0, "a token stream outlived its reader without a TTL"
     finally:
         r.close()
+
+
+def test_non_streaming_client_that_gives_up_aborts_generation(cluster):
+    body = {"model": "tiny-llava", "max_tokens": 1500, "temperature": 0,
+            "messages": [{"role": "user", "content": "count to a thousand, again"}]}
+    t0 = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{cluster.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
+    # Busy until the coordinator notices (polled every 0.25 s) and the abort reaches the worker;
+    # 1500 tokens would keep it busy far longer than this on any machine this suite runs on.
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and _llm_load(cluster) > 0:
+        time.sleep(0.25)
+    assert _llm_load(cluster) == 0, "the worker kept generating for a client that left"
+    metrics = httpx.get(f"{cluster.url}/metrics", timeout=5).text
+    assert 'tierserve_requests_total{outcome="disconnected"}' in metrics, time.monotonic() - t0
