@@ -9,6 +9,7 @@ LLM worker and tell that worker on its job stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -68,9 +69,14 @@ class EncodeWorker:
         for entry_id, job in await self.jobs.read(1, block_ms=500):
             jobs = _jobs_of(job)
             self.in_flight = len(jobs)
+            i = 0
             try:
                 for i in range(0, len(jobs), self.cfg.max_batch_size):  # the cap guards memory, not policy
                     await self.encode_and_forward(jobs[i : i + self.cfg.max_batch_size])
+            except Exception as e:  # e.g. Redis went away mid-batch: answer what is left, then let the loop retry
+                with contextlib.suppress(Exception):
+                    await self.fail(jobs[i:], f"encode worker error: {type(e).__name__}: {e}")
+                raise
             finally:
                 self.in_flight = 0
                 await self.jobs.ack(entry_id)
