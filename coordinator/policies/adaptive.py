@@ -18,9 +18,9 @@ deadline handed out by `next_deadline` stays valid until the next event.
 from __future__ import annotations
 
 import math
-from collections import deque
 
-from coordinator.policies.base import Arrival, BatchPolicyConfig, Release
+from coordinator.policies.base import Arrival, BatchPolicyConfig
+from coordinator.policies.open_batch import OpenBatchPolicy
 from coordinator.policies.rate import ArrivalRate
 
 
@@ -33,14 +33,14 @@ def idle_kappa(max_batch: int, fill_probability: float) -> float:
     return -math.log(-math.expm1(math.log(fill_probability) / (max_batch - 1)))
 
 
-class AdaptiveMicroBatch:
+class AdaptiveMicroBatch(OpenBatchPolicy):
     """Size trigger at B, idle trigger g = κ/λ after the last arrival, hard cap A after the first."""
 
     def __init__(self, cfg: BatchPolicyConfig | None = None, *, max_rate_samples: int = 1024) -> None:
-        self.cfg = cfg or BatchPolicyConfig(name="adaptive")
-        self._kappa = idle_kappa(self.cfg.max_batch, self.cfg.fill_probability)
-        self._estimator = ArrivalRate(self.cfg.rate_window_s, self.cfg.min_samples, max_rate_samples)
-        self._arrived: deque[float] = deque()  # arrival time of each queued request, oldest first
+        cfg = cfg or BatchPolicyConfig(name="adaptive")
+        super().__init__(cfg, cfg.max_batch)
+        self._kappa = idle_kappa(cfg.max_batch, cfg.fill_probability)
+        self._estimator = ArrivalRate(cfg.rate_window_s, cfg.min_samples, max_rate_samples)
         self._rate: float | None = None
         self._g: float | None = None
 
@@ -59,31 +59,11 @@ class AdaptiveMicroBatch:
         """g = κ/λ in seconds, as of the last arrival; None while λ is unknown (batches go out at once)."""
         return self._g
 
-    @property
-    def queued(self) -> int:
-        """Arrivals observed but not yet released."""
-        return len(self._arrived)
-
     def observe(self, event: Arrival, now: float) -> None:
-        self._arrived.append(now)
+        super().observe(event, now)
         self._estimator.observe(now)
         self._rate = self._estimator.rate(now)
         self._g = None if self._rate is None else self._kappa / self._rate
-
-    def decide(self, now: float) -> list[Release]:
-        b, out = self.cfg.max_batch, []
-        while len(self._arrived) >= b:
-            out.append(self._release(b))
-        if self._arrived and now >= self._due():
-            out.append(self._release(len(self._arrived)))
-        return out
-
-    def next_deadline(self, now: float) -> float | None:
-        if not self._arrived:
-            return None
-        if len(self._arrived) >= self.cfg.max_batch:
-            return now
-        return max(now, self._due())
 
     def _due(self) -> float:
         """When the open batch (< B requests) must go: idle for g since the last arrival, or A since the first.
@@ -92,8 +72,3 @@ class AdaptiveMicroBatch:
         """
         g = 0.0 if self._g is None else self._g
         return min(self._arrived[-1] + g, self._arrived[0] + self.cfg.max_wait_s)
-
-    def _release(self, count: int) -> Release:
-        for _ in range(count):
-            self._arrived.popleft()
-        return Release(count)
