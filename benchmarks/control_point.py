@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from benchmarks.stats import percentile
 from coordinator.demo import data_url, demo_image
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.redis_server import free_port
@@ -36,13 +37,6 @@ POLICIES = {
     "fixed_timeout": {"name": "fixed_timeout", "max_batch": 8, "timeout_s": 0.05},
     "adaptive": {"name": "adaptive", "max_batch": 8, "fill_probability": 0.6, "max_wait_s": 1.0},
 }
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 async def _one(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict:
@@ -93,8 +87,8 @@ def summarize(rows: list[dict], wall_s: float, slo_ttft: float, slo_tpot: float,
     ms = lambda v: None if v is None else round(v * 1e3, 2)  # noqa: E731
     return {"requests": len(rows), "failed": len(rows) - len(ok), "wall_s": round(wall_s, 3),
             "goodput_rps": round(len(good) / wall_s, 4), "slo_attainment": round(len(good) / len(rows), 4),
-            "ttft_ms": {"p50": ms(_pct(ttft, 0.5)), "p99": ms(_pct(ttft, 0.99)), "mean": ms(statistics.mean(ttft))},
-            "tpot_ms": {"p50": ms(_pct(tpot, 0.5)), "p99": ms(_pct(tpot, 0.99))},
+            "ttft_ms": {"p50": ms(percentile(ttft, 0.5)), "p99": ms(percentile(ttft, 0.99)), "mean": ms(statistics.mean(ttft))},
+            "tpot_ms": {"p50": ms(percentile(tpot, 0.5)), "p99": ms(percentile(tpot, 0.99))},
             "encode_batches": batches}
 
 

@@ -25,14 +25,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from benchmarks.stats import percentile
 from coordinator.demo import data_url, demo_image
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.redis_server import free_port
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 async def _one(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict:
@@ -68,11 +64,11 @@ def summarize(rows: list[dict]) -> dict:
     transfer = [r["compute"]["transfer_s"] for r in rows]
     return {
         "requests": len(rows),
-        "overhead_ms": {"mean": statistics.mean(over) * 1e3, "p50": _pct(over, 0.5) * 1e3, "p90": _pct(over, 0.9) * 1e3},
+        "overhead_ms": {"mean": statistics.mean(over) * 1e3, "p50": percentile(over, 0.5) * 1e3, "p90": percentile(over, 0.9) * 1e3},
         "compute_ms_mean": statistics.mean(comp) * 1e3,
-        "e2e_ms": {"mean": statistics.mean(e2e) * 1e3, "p50": _pct(e2e, 0.5) * 1e3, "p90": _pct(e2e, 0.9) * 1e3},
+        "e2e_ms": {"mean": statistics.mean(e2e) * 1e3, "p50": percentile(e2e, 0.5) * 1e3, "p90": percentile(e2e, 0.9) * 1e3},
         "client_e2e_ms_mean": statistics.mean(r["client_e2e_s"] for r in rows) * 1e3,
-        "overhead_fraction_of_e2e": {"mean": statistics.mean(frac), "p50": _pct(frac, 0.5)},
+        "overhead_fraction_of_e2e": {"mean": statistics.mean(frac), "p50": percentile(frac, 0.5)},
         "transfer_ms_mean": statistics.mean(transfer) * 1e3,
         "stages_ms_mean": _stage_means(rows),
     }

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 import torch
+from media_factory import image_bytes
 from PIL import Image
 
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from encode_node.encoder import LlavaImageEncoder
-
-
-def _image(seed: int, h: int, w: int, fmt: str) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, fmt)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +24,12 @@ def test_language_model_is_not_kept(encoder):
     assert sum(p.numel() for p in encoder.model.parameters()) < 500_000
 
 
-def test_batched_embeddings_equal_the_full_model_per_image(encoder):
+def test_batched_embeddings_equal_the_full_model_perimage_bytes(encoder):
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     full = LlavaForConditionalGeneration.from_pretrained(DEFAULT_MODEL_DIR).eval()
     processor = AutoProcessor.from_pretrained(DEFAULT_MODEL_DIR)
-    media = [[_image(1, 300, 200, "PNG")], [_image(2, 224, 400, "JPEG"), _image(3, 100, 100, "PNG")]]
+    media = [[image_bytes(1, 300, 200, "PNG")], [image_bytes(2, 224, 400, "JPEG"), image_bytes(3, 100, 100, "PNG")]]
     batch = encoder.encode(media)
     assert batch.errors == [None, None]
     assert [t.shape for t in batch.per_request] == [(196, 128), (392, 128)]
@@ -48,8 +42,8 @@ def test_batched_embeddings_equal_the_full_model_per_image(encoder):
 
 
 def test_a_truncated_jpeg_fails_only_its_request(encoder):
-    good = _image(4, 128, 128, "PNG")
-    jpeg = _image(5, 256, 256, "JPEG")
+    good = image_bytes(4, 128, 128, "PNG")
+    jpeg = image_bytes(5, 256, 256, "JPEG")
     batch = encoder.encode([[good], [jpeg[: len(jpeg) // 2]], [good]])
     assert batch.per_request[1] is None and "could not be decoded" in batch.errors[1]
     assert batch.errors[0] is None and batch.errors[2] is None

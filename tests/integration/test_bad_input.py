@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import base64
-import io
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
+from media_factory import data_url, image_bytes
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
-def _data_url(raw: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64," + base64.b64encode(raw).decode()
-
-
 def _png(h: int = 64, w: int = 64, noise: bool = False) -> bytes:
-    arr = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8) if noise else np.zeros((h, w, 3), np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
+    return image_bytes(0 if noise else None, h, w)
 
 
 def _body(*urls: str, text: str = "hi", **extra) -> dict:
@@ -46,23 +37,23 @@ def test_invalid_json(cluster):
 
 
 def test_unknown_model(cluster):
-    err = _error(_post(cluster, json={**_body(_data_url(_png())), "model": "gpt-9"}), 404, "gpt-9", "tiny-llava")
+    err = _error(_post(cluster, json={**_body(data_url(_png())), "model": "gpt-9"}), 404, "gpt-9", "tiny-llava")
     assert err["param"] == "model"
 
 
 def test_data_url_that_is_not_an_image(cluster):
-    err = _error(_post(cluster, json=_body(_data_url(b"hello, I am text", "image/png"))), 400, "image")
+    err = _error(_post(cluster, json=_body(data_url(b"hello, I am text", "image/png"))), 400, "image")
     assert "image_url" in (err["param"] or "")
 
 
 def test_image_over_size_limit(cluster, max_image_bytes):
     big = _png(400, 400, noise=True)
     assert len(big) > max_image_bytes
-    _error(_post(cluster, json=_body(_data_url(big))), 400, "limit")
+    _error(_post(cluster, json=_body(data_url(big))), 400, "limit")
 
 
 def test_too_many_images(cluster):
-    url = _data_url(_png())
+    url = data_url(_png())
     _error(_post(cluster, json=_body(*[url] * 5)), 400, "5 images", "limit is 4")
 
 
@@ -72,7 +63,7 @@ def test_empty_messages(cluster):
 
 @pytest.mark.parametrize("max_tokens", [0, -3])
 def test_non_positive_max_tokens(cluster, max_tokens):
-    err = _error(_post(cluster, json=_body(_data_url(_png()), max_tokens=max_tokens)), 400, "max_tokens")
+    err = _error(_post(cluster, json=_body(data_url(_png()), max_tokens=max_tokens)), 400, "max_tokens")
     assert err["param"] == "max_tokens"
 
 
@@ -85,7 +76,7 @@ def test_audio_not_configured(cluster):
 def test_still_serving_after_bad_input(cluster):
     for _ in range(3):
         _post(cluster, content=b"[]", headers={"content-type": "application/json"})
-    r = _post(cluster, json=_body(_data_url(_png(), "image/png"), temperature=0))
+    r = _post(cluster, json=_body(data_url(_png(), "image/png"), temperature=0))
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 4
 
@@ -97,7 +88,7 @@ def test_body_over_the_limit_is_refused_before_reading_it(cluster, max_image_byt
 
 
 def test_too_many_stop_strings(cluster):
-    err = _error(_post(cluster, json=_body(_data_url(_png()), stop=["a", "b", "c", "d", "e"])), 400, "at most 4")
+    err = _error(_post(cluster, json=_body(data_url(_png()), stop=["a", "b", "c", "d", "e"])), 400, "at most 4")
     assert err["param"] == "stop"
 
 

@@ -13,14 +13,19 @@ import io
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
+from media_factory import image_bytes
 from PIL import Image
 from redis.asyncio import Redis
 
 from coordinator.protocol.keys import Keys
-from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams
+from coordinator.protocol.messages import (
+    EncodeJob,
+    MediaRef,
+    PrefillJob,
+    SamplingParams,
+)
 from coordinator.protocol.streams import push_job
 from coordinator.relay import token_events
 
@@ -36,15 +41,8 @@ class Ref:
     logits: list[torch.Tensor]
 
 
-def _png(seed: int, h: int, w: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _reference(model, processor, name: str, text: str, sizes: list[tuple[int, int]], n: int, seed: int) -> Ref:
-    pngs = [_png(seed + i, h, w) for i, (h, w) in enumerate(sizes)]
+    pngs = [image_bytes(seed + i, h, w) for i, (h, w) in enumerate(sizes)]
     images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pngs]
     content = [{"type": "image"}] * len(images) + [{"type": "text", "text": text}]
     prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
+from media_factory import data_url, image_bytes
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-
-
-def _url(seed: int) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 async def _burst(base: str, n: int) -> list[int]:
@@ -26,7 +17,7 @@ async def _burst(base: str, n: int) -> list[int]:
         async def one(i: int) -> int:
             r = await client.post("/v1/chat/completions", json={
                 "model": "tiny-llava", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": [
-                    {"type": "image_url", "image_url": {"url": _url(i)}}, {"type": "text", "text": "hi"}]}]})
+                    {"type": "image_url", "image_url": {"url": data_url(image_bytes(i, 64, 64))}}, {"type": "text", "text": "hi"}]}]})
             assert r.status_code == 200, r.text
             return r.json()["tierserve"]["compute"]["encode_batch"]
         return await asyncio.gather(*(one(i) for i in range(n)))

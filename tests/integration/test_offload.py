@@ -4,23 +4,14 @@ GPU's co-located prefill worker, the rest remotely, switched at run time."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import time
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
+from media_factory import data_url, image_bytes
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 N = 40
-
-
-def _url(seed: int) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 async def _prefill_workers(base: str, n: int) -> list[str]:
@@ -31,7 +22,7 @@ async def _prefill_workers(base: str, n: int) -> list[str]:
             async with sem:
                 r = await client.post("/v1/chat/completions", json={
                     "model": "tiny-llava", "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": [
-                        {"type": "image_url", "image_url": {"url": _url(i)}}, {"type": "text", "text": "hi"}]}]})
+                        {"type": "image_url", "image_url": {"url": data_url(image_bytes(i, 32, 32))}}, {"type": "text", "text": "hi"}]}]})
                 assert r.status_code == 200, r.text
                 return r.json()["tierserve"]["prefill_worker"]
         return await asyncio.gather(*(one(i) for i in range(n)))

@@ -5,6 +5,18 @@ stream structs; green contexts need a real driver), which no CPU machine can pro
 what they were called with, so the tests check what crosses the ctypes/C boundary, not the GPU.
 """
 
+import ctypes
+
+
+def libcuda_loads() -> bool:
+    """Whether this machine has a CUDA driver (then "unsupported" reasons differ)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
 FAKE_LIBSMCTRL = r"""
 #include <stdint.h>
 typedef unsigned __int128 u128;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+from native_fakes import libcuda_loads
 
 from native.availability import Unavailable
 from native.green_context import GreenContexts, _DevResource, probe
@@ -26,16 +27,8 @@ def _ints(lib: ctypes.CDLL, name: str, n: int) -> list[int]:
     return list((ctypes.c_int * 32).in_dll(lib, name)[:n])
 
 
-def _libcuda_loads() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-        return True
-    except OSError:
-        return False
-
-
 def test_unsupported_here_with_reasons():
-    if _libcuda_loads():
+    if libcuda_loads():
         pytest.skip("this machine has a CUDA driver; the no-driver reason cannot be observed")
     gc = GreenContexts()
     state = gc.available()

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from native_fakes import NOT_LIBSMCTRL
+from native_fakes import NOT_LIBSMCTRL, libcuda_loads
 
 from coordinator.policies.sm_partition import SMPartition, SMPartitionConfig, TPCSplit
 from native import cbuild, envs
@@ -25,14 +25,6 @@ from native.tpc_mask import masks_for, to_words
 ERRLEN = 512
 ENC, PRE = 0x7F00_1000, 0x7F00_2000
 """Stand-in stream handles: the fake only records them, nothing dereferences them."""
-
-
-def _libcuda_loads() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-        return True
-    except OSError:
-        return False
 
 
 def _calls(fake: Path) -> list[tuple[int, int, int]]:
@@ -193,7 +185,7 @@ def test_num_tpcs_falls_back_to_the_nvdebug_call(shim_cache, fake_libsmctrl):
 # --- availability on this machine ------------------------------------------------------------------
 
 def test_reports_missing_driver_first():
-    if _libcuda_loads():
+    if libcuda_loads():
         pytest.skip("this machine has a CUDA driver; the no-driver reason cannot be observed")
     state = SMController().available()
     assert not state.ok
