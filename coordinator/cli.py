@@ -33,6 +33,9 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
     p.add_argument("--local-prefill", action="store_true",
                    help="start a prefill worker beside each encode worker (the offload share s goes there)")
+    p.add_argument("--steal", action="store_true",
+                   help="start a combined worker beside each encode worker and turn work stealing on: it serves "
+                        "whole requests while the encoder is idle")
     p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
     api = p.add_argument_group("API limits (passed to the coordinator)")
@@ -56,6 +59,8 @@ def coordinator_flags(a: argparse.Namespace) -> list[str]:
             flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
     for d in a.allowed_local_media_dir:
         flags += ["--allowed-local-media-dir", d]
+    if getattr(a, "steal", False):
+        flags.append("--work-stealing")
     return flags
 
 
@@ -65,7 +70,7 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec(
         encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
         model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
-        port=a.port or free_port(), threads=a.threads, local_prefill=a.local_prefill, coordinator_args=coordinator_flags(a),
+        port=a.port or free_port(), threads=a.threads, local_prefill=a.local_prefill, steal=a.steal, coordinator_args=coordinator_flags(a),
     )
 
 

@@ -38,6 +38,9 @@ class ClusterSpec:
     threads: int = 1
     local_prefill: bool = False
     """Start a prefill worker beside each encode worker (sharing its GPU), for the offload share s."""
+    steal: bool = False
+    """Start a combined worker beside each encode worker that steals whole requests while the encoder
+    is idle (time sharing); stealing itself is switched on by the policy (`stealing.enabled`)."""
     coordinator_args: list[str] = field(default_factory=list)
     """Extra flags for `python -m coordinator.serve`."""
 
@@ -107,12 +110,16 @@ class LocalCluster:
             for i in range(s.encode_workers):
                 self._spawn(f"llm-local-{i}", ["-m", "llm_node", "--worker-id", f"llm-local-{i}", "--role", "prefill",
                                                "--colocate-with", f"encode-{i}", *common])
+        if s.steal:
+            for i in range(s.encode_workers):
+                self._spawn(f"llm-steal-{i}", ["-m", "llm_node", "--worker-id", f"llm-steal-{i}", "--role", "combined",
+                                               "--colocate-with", f"encode-{i}", *common])
         for i, role in enumerate(s.llm_roles):
             self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common])
         self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
-        self.wait_ready(s.encode_workers * (2 if s.local_prefill else 1) + len(s.llm_roles), timeout_s)
+        self.wait_ready(s.encode_workers * (1 + s.local_prefill + s.steal) + len(s.llm_roles), timeout_s)
 
     def wait_ready(self, n_workers: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

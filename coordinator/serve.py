@@ -8,6 +8,8 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
+from coordinator.policies.sm_partition import SMPartitionConfig
+from coordinator.policies.work_stealing import WorkStealingConfig
 from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
@@ -35,6 +37,13 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--queue-length", type=int, default=4, help="queue_length's trigger")
     b.add_argument("--offload-share", type=float, default=0.0,
                    help="s: share of prefills run on the encode GPU's co-located prefill worker (default: %(default)s)")
+    b.add_argument("--work-stealing", action="store_true",
+                   help="let encode GPUs' co-located combined workers take whole requests while the encoder is idle")
+    b.add_argument("--max-stolen", type=int, default=4, help="most stolen requests per encode GPU (default: %(default)s)")
+    b.add_argument("--steal-load-threshold", type=int, default=1,
+                   help="steal only when every remote LLM worker holds at least this many requests (default: %(default)s)")
+    b.add_argument("--sm-partition", choices=["none", "static", "dynamic"], default="dynamic",
+                   help="SM split between encoder and local prefill on a GPU (default: %(default)s)")
 
 
 def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig:
@@ -45,7 +54,10 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
         admin_token=a.admin_token, policy=PolicyConfig(batch=BatchPolicyConfig(
             name=a.batch_policy, max_batch=a.max_batch, fill_probability=a.fill_probability, max_wait_s=a.max_wait,
-            timeout_s=a.batch_timeout, queue_length=a.queue_length), offload=OffloadConfig(s=a.offload_share)),
+            timeout_s=a.batch_timeout, queue_length=a.queue_length), offload=OffloadConfig(s=a.offload_share),
+            stealing=WorkStealingConfig(enabled=a.work_stealing, max_stolen=a.max_stolen,
+                                        remote_load_threshold=a.steal_load_threshold),
+            partition=SMPartitionConfig(mode=a.sm_partition)),
     )
 
 

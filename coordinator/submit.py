@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from coordinator.errors import RequestError
 from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams, Timing
-from coordinator.protocol.registry import least_loaded
+from coordinator.policies.base import PolicyConfig
+from coordinator.protocol.registry import WorkerStatus, least_loaded
 from coordinator.protocol.streams import push_job
 from coordinator.state import AppState
 
 PREFILL_ROLES = frozenset({"prefill", "combined"})
+
+
+def text_targets(alive: list[WorkerStatus], policy: PolicyConfig) -> list[WorkerStatus]:
+    """Where a text-only request may prefill: datacenter (remote) workers first; an encode GPU's own
+    prefill worker only when there is none; its stealing worker only with stealing on."""
+    remote = [w for w in alive if w.info.colocated_with is None]
+    local = [w for w in alive if w.info.colocated_with is not None and w.info.role == "prefill"]
+    steal = [w for w in alive if w.info.colocated_with is not None and w.info.role == "combined"]
+    return remote or local or (steal if policy.stealing.enabled else [])
 
 
 async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], images: list[bytes],
@@ -34,7 +44,7 @@ async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], 
                         arrival=arrival, media=[MediaRef(key=k) for k in keys], timing=timing.mark("submitted"))
         await state.dispatcher.submit(target.info.worker_id, job)
         return keys
-    target = least_loaded(await state.registry.alive(PREFILL_ROLES), state.counter)
+    target = least_loaded(text_targets(await state.registry.alive(PREFILL_ROLES), state.policy), state.counter)
     if target is None:
         raise RequestError("no prefill or combined LLM worker is alive; start one (tierserve up --llm combined)",
                            status=503, code="no_llm_worker")

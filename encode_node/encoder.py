@@ -40,6 +40,8 @@ class LlavaImageEncoder:
         self.model = model.model.eval().to(device)
         self.device = device
         self.hidden_size = model.config.text_config.hidden_size
+        self.image_token_id: int = model.config.image_token_id
+        """The placeholder id in prompts: counting it gives a batch's image tokens before encoding."""
 
     @staticmethod
     def decode_image(raw: bytes) -> Image.Image:

@@ -1,9 +1,11 @@
 """The encode worker process: jobs in from Redis, embeddings out over the transport.
 
-Per loop: take what is queued (up to the batch cap; the coordinator's dispatch policy decides when
-jobs are released onto this stream), fetch the media, run the encoder once for the whole batch in a
-thread (so heartbeats keep flowing), then for each request send its embeddings to a prefill-capable
-LLM worker and tell that worker on its job stream.
+Per loop: take one micro-batch (the coordinator's dispatch policy released it onto this stream),
+fetch the media, claim the GPU (gpu_share.py: at most one stolen step to wait for, then the SM split),
+run the encoder once for the whole batch in a thread (so heartbeats keep flowing), then for each
+request send its embeddings to the prefill-capable LLM worker routing.py picks and tell that worker
+on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis at most once a
+second.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from coordinator.protocol.messages import EncodeBatch, EncodeJob, PrefillJob, To
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.process import forever, supervise
 from coordinator.policies.base import PolicyConfig
-from coordinator.policies.offload import OffloadRouter
-from coordinator.protocol.registry import WorkerRegistry, WorkerStatus, least_loaded
+from coordinator.protocol.colocation import ColocationChannel, channel_path
+from coordinator.protocol.registry import WorkerRegistry, WorkerStatus
 from coordinator.protocol.streams import JobStream, publish_tokens, push_job
 from encode_node.config import EncodeWorkerConfig
 from encode_node.encoder import LlavaImageEncoder
+from encode_node.gpu_share import EncoderGpuShare
+from encode_node.routing import RequestRouter, Targets
+from native.stream_partition import StreamPartition
 from transport.registry import make_sender
 
 log = logging.getLogger(__name__)
@@ -45,8 +50,9 @@ class EncodeWorker:
         self.jobs = JobStream(redis, self.keys, cfg.worker_id)
         self.sender = make_sender(cfg.transport)
         self.in_flight = 0
-        self._rr = 0
-        self.router = OffloadRouter(0.0)
+        self.router = RequestRouter(cfg.worker_id)
+        self.channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.worker_id))
+        self.share = EncoderGpuShare(self.channel, StreamPartition(cfg.device, "encoder"))
         self._policy_read = -POLICY_REFRESH_S
 
     def info(self) -> WorkerInfo:
@@ -63,6 +69,8 @@ class EncodeWorker:
         await self.fail_entries(await self.jobs.unread(), f"encode worker {self.cfg.worker_id} stopped")
         await self.jobs.delete()
         await self.sender.close()
+        self.channel.encoder_exit(False)
+        self.channel.close()
 
     async def encode_once(self) -> None:
         """One stream entry is one micro-batch, as the coordinator's dispatch policy formed it."""
@@ -91,23 +99,43 @@ class EncodeWorker:
         await self.fail([j for j, m in zip(jobs, media) if m is None], "media expired before encoding")
         if not ok:
             return
-        ok = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in ok]
+        await self.refresh_policy()
+        tokens = sum(j.prompt_token_ids.count(self.encoder.image_token_id) for j, _ in ok)
+        ok = [(j.model_copy(update={"timing": j.timing.mark("encode_dequeued")}), m) for j, m in ok]
         try:
+            await asyncio.to_thread(self.share.claim, len(ok), tokens)  # waits out a stolen step, if one runs
+            ok = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in ok]
             batch = await asyncio.to_thread(self.encoder.encode, [m for _, m in ok])
         except Exception as e:
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
+        finally:
+            pending = await self.pending_batches()
+            self.share.release(pending > 0)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end", encode_batch=len(ok))}), m) for j, m in ok]
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
         for (j, _), err in zip(ok, batch.errors):
             if err is not None:
                 await self.fail([j], err)
-        targets = await self.registry.alive(PREFILL_ROLES)
-        await self.refresh_policy()
+        targets = Targets.sort(await self.registry.alive(PREFILL_ROLES), self.cfg.worker_id)
+        held = self.channel.stolen_held() + (await self.redis.xlen(self.keys.jobs(targets.steal[0].info.worker_id))
+                                             if targets.steal else 0)
+        now = time.monotonic()
+        self.router.observe(targets, pending, held, now)
+        chosen = [(j, emb, self.router.choose(j, targets, now)) for (j, _), emb in zip(ok, batch.per_request)
+                  if emb is not None]
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
-        await asyncio.gather(*(self.forward(j, emb, batch.seconds, targets)
-                               for (j, _), emb in zip(ok, batch.per_request) if emb is not None))
+        await asyncio.gather(*(self.forward(j, emb, batch.seconds, target) for j, emb, target in chosen))
+
+    async def pending_batches(self) -> int:
+        """Micro-batches queued behind the one being encoded (entries are deleted when acked); 0 when
+        Redis cannot say (the GPU is handed back either way; the loop's next read will surface it)."""
+        try:
+            return max(0, await self.redis.xlen(self.jobs.key) - 1)
+        except Exception as e:
+            log.warning("could not count queued micro-batches", extra={"error": str(e)})
+            return 0
 
     async def fetch_media(self, jobs: list[EncodeJob]) -> list[list[bytes] | None]:
         pipe = self.redis.pipeline(transaction=False)
@@ -123,34 +151,22 @@ class EncodeWorker:
         return out
 
     async def refresh_policy(self) -> None:
-        """Pick up the offload share s set through the admin endpoint (at most one GET a second)."""
+        """Pick up knobs set through the admin endpoint (at most one GET a second)."""
         now = time.monotonic()
         if now - self._policy_read < POLICY_REFRESH_S:
             return
         self._policy_read = now
         raw = await self.redis.get(self.keys.policy)
         if raw:
-            s = PolicyConfig.model_validate_json(raw).offload.s
-            if s != self.router.share:
-                self.router.set_share(s)
-                log.info("offload share changed", extra={"s": s})
-
-    def choose(self, job: EncodeJob, targets: list[WorkerStatus]) -> WorkerStatus | None:
-        """The prefill worker for one request: its own co-located worker for a share s, else a remote one."""
-        self._rr += 1
-        if job.prefill_worker is not None:
-            return least_loaded([t for t in targets if t.info.worker_id == job.prefill_worker], self._rr)
-        local = [t for t in targets if t.info.colocated_with == self.cfg.worker_id]
-        remote = [t for t in targets if t.info.colocated_with is None]  # other encoders' local workers are theirs
-        side = self.router.route(bool(local), bool(remote))
-        return least_loaded(local if side == "local" else remote, self._rr) if side else None
+            policy = PolicyConfig.model_validate_json(raw)
+            self.share.config = policy.partition
+            if self.router.configure(policy):
+                log.info("policy changed", extra={"s": policy.offload.s, "stealing": policy.stealing.enabled})
 
     def stats(self) -> dict[str, float]:
-        realised = self.router.realised_share
-        return {"offload_share": self.router.share} | ({} if realised is None else {"offload_realised": realised})
+        return self.router.stats() | self.share.metrics()
 
-    async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, targets: list) -> None:
-        target = self.choose(job, targets)
+    async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, target: WorkerStatus | None) -> None:
         if target is None:
             await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")
             return

@@ -21,10 +21,13 @@ def parse(argv: list[str] | None) -> LLMWorkerConfig:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="most tokens per step (default: max(4096, the model's context length))")
     p.add_argument("--colocate-with", default=None, metavar="ENCODE_WORKER_ID",
-                   help="this worker shares that encode worker's GPU: it takes the share s of its prefills")
+                   help="this worker shares that encode worker's GPU: with --role prefill it takes the share s of "
+                        "its prefills (space sharing); with --role combined it steals whole requests while the "
+                        "encoder is idle (time sharing)")
     a = p.parse_args(argv)
-    if a.colocate_with and a.role != "prefill":
-        p.error("--colocate-with needs --role prefill: decode never shares an encode GPU (DESIGN: space sharing)")
+    if a.colocate_with and a.role == "decode":
+        p.error("--colocate-with needs --role prefill or combined: a decode worker never shares an encode GPU "
+                "(decode streams the KV cache; SM partitioning does not isolate memory bandwidth)")
     return LLMWorkerConfig(**worker_fields(a), role=a.role, max_num_seqs=a.max_num_seqs,
                            max_num_batched_tokens=a.max_num_batched_tokens, colocated_with=a.colocate_with)
 
@@ -34,7 +37,10 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
+    from coordinator.protocol.colocation import ColocationChannel, channel_path
     from llm_node.engine import EngineConfig, ReferenceEngine
+    from llm_node.gpu_share import LLMGpuShare
+    from native.stream_partition import StreamPartition
     from llm_node.worker import LLMWorker
     from transport.registry import make_receiver, make_sender
 
@@ -51,8 +57,12 @@ async def amain(cfg: LLMWorkerConfig) -> None:
         role=cfg.role, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=budget))
     # The prefix is part of the receiver's name so two clusters on one host never share a socket.
     receiver = make_receiver(cfg.transport, f"{cfg.key_prefix}-{cfg.worker_id}")
+    share = None
+    if cfg.colocated_with is not None:
+        channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.colocated_with))
+        share = LLMGpuShare(channel, cfg.role, StreamPartition("cpu", "prefill"))
     await run_until_signalled(cfg.redis_url, lambda redis, stop: LLMWorker(
-        cfg, redis, engine, receiver, make_sender(cfg.transport)).run(stop))
+        cfg, redis, engine, receiver, make_sender(cfg.transport), share).run(stop))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Three supervised loops share the engine: intake turns job messages plus the tensors they name into
 engine requests; the engine loop runs `engine.step()` in a thread (the event loop stays free for
 transfers and heartbeats) and publishes each step's tokens in one Redis round trip while the next step
-computes; the abort listener drops requests whose client left. Requests and aborts enter the engine
+computes; the abort listener drops requests whose client left. A worker on an encode GPU steps
+through its `LLMGpuShare` (gpu_share.py): a stealing worker only while the encoder is idle. Requests and aborts enter the engine
 only between steps, so the engine needs no locks. A request this worker cannot finish (it stops, or a
 previous run of it crashed) is answered with an error, never left to time out.
 """
@@ -28,15 +29,18 @@ from coordinator.protocol.registry import WorkerRegistry
 from coordinator.protocol.streams import JobStream, publish_tokens
 from llm_node.config import LLMWorkerConfig
 from llm_node.engine import EngineRequest, ReferenceEngine, StepOutput
+from llm_node.gpu_share import LLMGpuShare
 from llm_node.handoff import KVHandoff
 from transport.base import EmbeddingReceiver, EmbeddingSender
 
 log = logging.getLogger(__name__)
+GPU_BUSY_POLL_S = 0.002
+"""A stealing worker held back by the encoder looks again this often (a shared-memory read)."""
 
 
 class LLMWorker:
     def __init__(self, cfg: LLMWorkerConfig, redis: Redis, engine: ReferenceEngine,
-                 receiver: EmbeddingReceiver, sender: EmbeddingSender):
+                 receiver: EmbeddingReceiver, sender: EmbeddingSender, share: LLMGpuShare | None = None):
         self.cfg = cfg
         self.redis = redis
         self.keys = Keys(cfg.key_prefix)
@@ -55,6 +59,8 @@ class LLMWorker:
         self.wake = asyncio.Event()
         self.publishing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
+        self.share = share
+        """Set when this worker shares an encode GPU (cfg.colocated_with)."""
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -67,7 +73,8 @@ class LLMWorker:
         await self.receiver.start()
         await self.jobs.open()
         await self.fail_entries(await self.jobs.stranded(), "the worker restarted before finishing it")
-        async with Presence(self.registry, self.info(), lambda: len(self.jobs_by_id)):
+        stats = self.share.metrics if self.share is not None else dict
+        async with Presence(self.registry, self.info(), lambda: len(self.jobs_by_id), stats=stats):
             await supervise([forever("intake", self.intake_once, stop), forever("engine", self.engine_once, stop),
                              listen_aborts(self.redis, self.keys, self.abort)], stop)
         await self.fail_entries(await self.jobs.unread(), f"worker {self.cfg.worker_id} stopped")
@@ -75,6 +82,8 @@ class LLMWorker:
         await self.jobs.delete()
         await self.sender.close()
         await self.receiver.close()
+        if self.share is not None:
+            self.share.report(0, 0)
 
     def spawn(self, coro) -> None:
         """A fire-and-forget task, referenced until done (the loop keeps only weak references)."""
@@ -131,13 +140,20 @@ class LLMWorker:
         for rid in self.aborted:
             self.engine.abort(rid)
         self.aborted.clear()
+        if self.share is not None:
+            self.share.report(len(self.jobs_by_id), sum(
+                len(j.prompt_token_ids) for j in self.jobs_by_id.values() if isinstance(j, PrefillJob)))
         if not self.engine.has_unfinished():
             await self.flush()
             if not self.pending:
                 await self.wake.wait()
             return
         try:
-            outputs = await asyncio.to_thread(self.engine.step)
+            if self.share is None:
+                outputs = await asyncio.to_thread(self.engine.step)
+            elif (outputs := await asyncio.to_thread(self.share.run_step, self.engine.step)) is None:
+                await asyncio.sleep(GPU_BUSY_POLL_S)  # the encoder has the GPU; look again shortly
+                return
         except Exception as e:  # a failing step fails its requests, never the worker
             log.exception("engine step failed")
             await self.fail_all(f"engine step failed: {e}")

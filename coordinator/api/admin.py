@@ -1,7 +1,8 @@
 """Run-time policy knobs: `GET/PUT /v1/admin/policy`, so the planner applies a configuration without restarts.
 
 The batch policy lives in this coordinator's dispatcher; every knob is also stored under
-`{prefix}:policy`, where the workers read theirs (the offload share s) within a second.
+`{prefix}:policy`, where the encode workers read theirs (offload share s, work stealing, SM partition)
+within a second.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class PolicyUpdate(BaseModel):
     """Any BatchPolicyConfig fields (name, max_batch, fill_probability, max_wait_s, ...)."""
     offload: dict | None = None
     """Any OffloadConfig fields (s)."""
+    stealing: dict | None = None
+    """Any WorkStealingConfig fields (enabled, max_stolen, remote_load_threshold, quiet_s)."""
+    partition: dict | None = None
+    """Any SMPartitionConfig fields (mode, static_encoder_fraction, min_share, ...)."""
 
 
 def _authorize(state: AppState, request: Request) -> None:
@@ -51,10 +56,8 @@ async def put_policy(request: Request, state: State) -> dict:
     try:
         update = PolicyUpdate.model_validate_json(await request.body())
         current = state.policy.model_dump()
-        policy = PolicyConfig.model_validate({
-            "batch": {**current["batch"], **(update.batch or {})},
-            "offload": {**current["offload"], **(update.offload or {})},
-        })
+        policy = PolicyConfig.model_validate(
+            {section: {**knobs, **(getattr(update, section) or {})} for section, knobs in current.items()})
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])

@@ -7,6 +7,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coordinator.policies.sm_partition import SMPartitionConfig
+from coordinator.policies.work_stealing import WorkStealingConfig
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -72,3 +75,5 @@ class PolicyConfig(BaseModel):
 
     batch: BatchPolicyConfig = BatchPolicyConfig()
     offload: OffloadConfig = OffloadConfig()
+    stealing: WorkStealingConfig = WorkStealingConfig()
+    partition: SMPartitionConfig = SMPartitionConfig()

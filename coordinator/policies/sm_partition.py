@@ -32,8 +32,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 PartitionMode = Literal["none", "static", "dynamic"]
-_MODES = ("none", "static", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -48,32 +49,21 @@ class TPCSplit:
     """The mode that produced the split; "none" means apply no masks at all."""
 
 
-@dataclass(frozen=True)
-class SMPartitionConfig:
-    """Knobs of the encode GPU's SM partitioning (plan file: partition mode, SM split)."""
+class SMPartitionConfig(BaseModel):
+    """Knobs of the encode GPU's SM partitioning (plan file / admin endpoint: partition mode, SM split)."""
+
+    model_config = ConfigDict(frozen=True)
 
     mode: PartitionMode = "dynamic"
     """none: no masks; static: a fixed split; dynamic: proportional to pending work, per micro-batch."""
-    static_encoder_fraction: float = 0.5
+    static_encoder_fraction: float = Field(0.5, gt=0.0, lt=1.0)
     """static: the encoder's share of the TPCs (rounded to whole TPCs, at least one for each side)."""
-    min_share: float = 0.25
+    min_share: float = Field(0.25, ge=0.0, le=0.5)
     """dynamic: the least share of the TPCs a side with pending work gets (at most 0.5)."""
-    encoder_token_cost: float = 1.0
+    encoder_token_cost: float = Field(1.0, gt=0.0, allow_inf_nan=False)
     """dynamic: time for one image token in the encoder / time for one token of prefill, on this GPU."""
-    encoder_request_cost: float = 0.0
+    encoder_request_cost: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     """dynamic: fixed encoder cost per request (pre/post-processing, launches), in prefill-token units."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got mode={self.mode!r}")
-        if not 0.0 < self.static_encoder_fraction < 1.0:
-            raise ValueError(f"static_encoder_fraction must be in (0, 1), got {self.static_encoder_fraction!r}")
-        if not 0.0 <= self.min_share <= 0.5:
-            raise ValueError(f"min_share must be in [0, 0.5], got min_share={self.min_share!r}")
-        if not self.encoder_token_cost > 0.0:
-            raise ValueError(f"encoder_token_cost must be > 0, got {self.encoder_token_cost!r}")
-        if not self.encoder_request_cost >= 0.0:
-            raise ValueError(f"encoder_request_cost must be >= 0, got {self.encoder_request_cost!r}")
 
 
 @dataclass

@@ -1,17 +1,21 @@
 """Cross-type work stealing (HeteroServe): an encode GPU runs language work while its encoder is idle.
 
-The encode worker also holds the LLM's weights in a small combined (prefill+decode) engine. After
-encoding a micro-batch it asks `should_keep` for each request: keep it and serve it entirely locally,
-or send its embeddings to a remote LLM worker as usual. Its loop, between any two pieces of work:
+The encode GPU also holds the LLM's weights in a small combined (prefill+decode) engine. After
+encoding a micro-batch the encode worker asks `should_keep` for each request: keep it and serve it
+entirely on this GPU, or send its embeddings to a remote LLM worker as usual. The engine may run one
+step (one batched prefill or decode forward) only when `may_step` holds, and is asked between steps:
 
-    if policy.may_step(now): run ONE step (one batched prefill or decode forward) of the local engine
+    if policy.may_step(now): run ONE step of the local engine
     elif an encode micro-batch waits: encode it
     else: sleep until the next event
 
 `may_step` is False whenever an encode micro-batch waits, and the loop only asks between steps, so an
 arriving batch waits for at most the one engine step already running: encoding is never delayed by
 more than one step of stolen work (tests/coordinator/test_work_stealing.py checks this on a long
-random timeline).
+random timeline). The simulator runs this loop as written. Live, the engine is a separate process on
+the same GPU and the same rule is enforced through a shared lock (coordinator/protocol/colocation.py,
+encode_node/gpu_share.py, llm_node/gpu_share.py); the live runtime reports the engine's load with
+`observe_local_load` instead of `finished`, since completions happen in that other process.
 
 Taking a request (`should_keep`) needs all of:
 - `enabled`;
@@ -70,6 +74,9 @@ class WorkStealing:
         """When the encode queue last became empty; None while a batch waits or before any observation."""
         self._min_remote_load: object = _UNSEEN
         self._in_flight: set[str] = set()
+        self._observed_held: int | None = None
+        """The local engine's own count of requests it holds (live runtime); None = count ids instead."""
+        self._started_since_observed = 0
         self._total = 0
         self._seconds = 0.0
         self._longest_step = 0.0
@@ -90,13 +97,27 @@ class WorkStealing:
             raise ValueError(f"min_remote_load must be >= 0 or None, got min_remote_load={min_remote_load!r}")
         self._min_remote_load = min_remote_load
 
+    def observe_local_load(self, held: int, now: float) -> None:
+        """The local engine holds `held` requests (queued for it or running). The live runtime reports
+        this instead of calling `finished`: completions happen in another process. Kept requests are
+        counted on top until the next observation, so a batch cannot overshoot `max_stolen`."""
+        if held < 0:
+            raise ValueError(f"held must be >= 0, got held={held!r}")
+        self._observed_held = held
+        self._started_since_observed = 0
+
+    def _held(self) -> int:
+        if self._observed_held is None:
+            return len(self._in_flight)
+        return self._observed_held + self._started_since_observed
+
     def should_keep(self, now: float) -> bool:
         """Keep the request just encoded and serve it locally? Call `started` at once if so, before
         asking about the next request of the batch. Asking changes nothing."""
         cfg = self.config
         if not cfg.enabled or self._pending > 0 or self._quiet_since is None:
             return False
-        if now - self._quiet_since < cfg.quiet_s or len(self._in_flight) >= cfg.max_stolen:
+        if now - self._quiet_since < cfg.quiet_s or self._held() >= cfg.max_stolen:
             return False
         load = self._min_remote_load
         if load is _UNSEEN:
@@ -105,9 +126,12 @@ class WorkStealing:
 
     def started(self, request_id: str, now: float) -> None:
         """The runtime kept `request_id` for its local engine."""
-        if request_id in self._in_flight:
+        if self._observed_held is not None:
+            self._started_since_observed += 1
+        elif request_id in self._in_flight:
             raise ValueError(f"stolen request {request_id!r} is already in flight")
-        self._in_flight.add(request_id)
+        else:
+            self._in_flight.add(request_id)
         self._total += 1
 
     def finished(self, request_id: str, now: float) -> None:
@@ -120,7 +144,7 @@ class WorkStealing:
     def may_step(self, now: float) -> bool:
         """May the local engine run one step now? Never while an encode micro-batch waits (the encoder
         goes first), and only with stolen work to advance. Ask before every step."""
-        return self._pending == 0 and bool(self._in_flight)
+        return self._pending == 0 and self._held() > 0
 
     def record_step(self, seconds: float, now: float) -> None:
         """One local engine step of stolen work took `seconds` (for metrics and the delay bound)."""
@@ -131,8 +155,8 @@ class WorkStealing:
 
     @property
     def stolen_in_flight(self) -> int:
-        """Kept requests not yet finished."""
-        return len(self._in_flight)
+        """Kept requests not yet finished (as last observed, in the live runtime)."""
+        return self._held()
 
     @property
     def stolen_total(self) -> int:

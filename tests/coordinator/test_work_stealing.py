@@ -271,3 +271,30 @@ def test_the_bound_catches_a_runtime_that_ignores_the_encode_queue():
     p = policy(pending=None, remote=None, max_stolen=8, remote_load_threshold=0)
     delays = simulate(p, seed=0, may_step=lambda now: p.stolen_in_flight > 0)
     assert max(delays) > STEP_S + EPS
+
+
+# --- the live runtime's view: a held count instead of completions ----------------------------------
+
+def test_observed_load_caps_a_batch_and_frees_up_when_the_engine_reports_less():
+    p = policy(max_stolen=4)
+    p.observe_local_load(3, 0.0)
+    assert keep_all(p, 5, 0.0) == 1  # 3 held + 1 kept = the cap, within one batch
+    assert p.stolen_in_flight == 4 and p.may_step(0.0)
+    p.observe_local_load(1, 1.0)  # two finished in the other process
+    assert p.stolen_in_flight == 1 and keep_all(p, 5, 1.0) == 3
+    p.observe_local_load(0, 2.0)
+    assert p.stolen_in_flight == 0 and not p.may_step(2.0)
+    assert p.stolen_total == 4
+
+
+def test_observed_load_must_be_a_count():
+    with pytest.raises(ValueError, match="held=-1"):
+        policy().observe_local_load(-1, 0.0)
+
+
+def test_a_busy_remote_tier_is_needed_unless_none_is_alive_with_observed_load():
+    p = policy(remote=0, remote_load_threshold=2)
+    p.observe_local_load(0, 0.0)
+    assert keep_all(p, 3, 0.0) == 0
+    p.observe_remote_load(None, 0.1)
+    assert keep_all(p, 3, 0.1) == 3

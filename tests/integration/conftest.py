@@ -26,7 +26,7 @@ def cluster(redis_url, tmp_path_factory, media_dir):
 
     prefix = f"tstest-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(
-        encode_workers=1, llm_roles=["combined", "prefill", "decode"], local_prefill=True, redis_url=redis_url,
+        encode_workers=1, llm_roles=["combined", "prefill", "decode"], local_prefill=True, steal=True, redis_url=redis_url,
         key_prefix=prefix,
         port=free_port(), coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir)],
     )

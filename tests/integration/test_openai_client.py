@@ -84,11 +84,12 @@ def test_models_and_cluster_endpoints(client, cluster):
 
     assert [m.id for m in client.models.list()] == ["tiny-llava"]
     workers = httpx.get(f"{cluster.url}/v1/cluster", timeout=5).json()["workers"]
-    assert sorted(w["role"] for w in workers) == ["combined", "decode", "encode", "prefill", "prefill"]
-    assert {w["worker_id"]: w["colocated_with"] for w in workers}["llm-local-0"] == "encode-0"
+    assert sorted(w["role"] for w in workers) == ["combined", "combined", "decode", "encode", "prefill", "prefill"]
+    colocated = {w["worker_id"]: w["colocated_with"] for w in workers}
+    assert colocated["llm-local-0"] == colocated["llm-steal-0"] == "encode-0"
     assert all(w["tier"] == "cpu" and 0 <= w["heartbeat_age_s"] < 10 for w in workers)
     health = httpx.get(f"{cluster.url}/health", timeout=5).json()
-    assert health["status"] == "ok" and health["workers"] == 5
+    assert health["status"] == "ok" and health["workers"] == 6
     metrics = httpx.get(f"{cluster.url}/metrics", timeout=5).text
     assert "tierserve_ttft_seconds_bucket" in metrics
 

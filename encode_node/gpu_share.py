@@ -1,0 +1,59 @@
+"""The encoder's side of its GPU: claim it from stolen work, and split its SMs with the local prefill.
+
+Per micro-batch: `claim` raises the busy flag and waits for the stealing worker's running step (at
+most one, coordinator/protocol/colocation.py), chooses the TPC split from the batch and the local
+prefill backlog (SMPartition), applies the encoder's side and publishes the split for the prefill
+worker; `release` hands the GPU back once the forward pass is done. The wait is the delay stolen work
+added to this batch, kept for the metrics: the issue's bound is one engine step of stolen work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.policies.sm_partition import SMPartition, SMPartitionConfig, TPCSplit
+from coordinator.protocol.colocation import ColocationChannel
+from native.stream_partition import StreamPartition
+
+
+@dataclass
+class ShareStats:
+    batches: int = 0
+    wait_total_s: float = 0.0
+    """Time micro-batches spent waiting for a stolen step to end."""
+    wait_max_s: float = 0.0
+    last_split: TPCSplit | None = None
+
+
+class EncoderGpuShare:
+    def __init__(self, channel: ColocationChannel, partition: StreamPartition) -> None:
+        self.channel = channel
+        self.partition = partition
+        self.config = SMPartitionConfig()
+        self.stats = ShareStats()
+
+    def claim(self, requests: int, image_tokens: int) -> float:
+        """Blocking (run it in a thread): take the GPU for one micro-batch; returns seconds waited."""
+        waited = self.channel.encoder_enter()
+        s = self.stats
+        s.batches += 1
+        s.wait_total_s += waited
+        s.wait_max_s = max(s.wait_max_s, waited)
+        total = self.partition.total_tpcs
+        if total is not None:  # None: no GPU here, nothing to split
+            split = SMPartition(total, self.config).split(requests, image_tokens, self.channel.prefill_backlog())
+            self.partition.apply(split)
+            self.channel.publish_split(split.encoder_tpcs, split.prefill_tpcs, split.mode)
+            s.last_split = split
+        return waited
+
+    def release(self, more_batches_waiting: bool) -> None:
+        self.channel.encoder_exit(more_batches_waiting)
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        out = {"encode_gate_wait_max_s": s.wait_max_s, "encode_gate_wait_total_s": s.wait_total_s,
+               "sm_partition_supported": float(self.partition.supported)}
+        if s.last_split is not None:
+            out |= {"encoder_tpcs": float(s.last_split.encoder_tpcs), "prefill_tpcs": float(s.last_split.prefill_tpcs)}
+        return out
