@@ -41,6 +41,12 @@ class ClusterSpec:
     steal: bool = False
     """Start a combined worker beside each encode worker that steals whole requests while the encoder
     is idle (time sharing); stealing itself is switched on by the policy (`stealing.enabled`)."""
+    pin_cores: bool = False
+    """Emulate one device per CPU core: encode worker i and the workers sharing its GPU run on core i,
+    remote LLM worker j on the next core (modulo the cores there are); the coordinator floats. Without
+    it every process competes for every core, and an "idle" encode device is not idle."""
+    llm_args: list[str] = field(default_factory=list)
+    """Extra flags for every `python -m llm_node` (e.g. --max-num-seqs 4 to emulate a KV-memory limit)."""
     coordinator_args: list[str] = field(default_factory=list)
     """Extra flags for `python -m coordinator.serve`."""
 
@@ -84,10 +90,16 @@ class LocalCluster:
     def url(self) -> str:
         return f"http://{self.spec.host}:{self.spec.port}"
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], device: int | None = None) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.spec.threads))
+        pin = None
+        if self.spec.pin_cores and device is not None:
+            cores = sorted(os.sched_getaffinity(0))
+            core = cores[device % len(cores)]
+            pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731 (runs in the child before exec)
         with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
-            self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                preexec_fn=pin)
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
         try:
@@ -105,17 +117,18 @@ class LocalCluster:
         common = ["--redis-url", self.redis_url, "--key-prefix", s.key_prefix, "--model", str(s.model_dir),
                   "--model-name", s.model_name, "--threads", str(s.threads)]
         for i in range(s.encode_workers):
-            self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common])
+            self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common], device=i)
         if s.local_prefill:
             for i in range(s.encode_workers):
                 self._spawn(f"llm-local-{i}", ["-m", "llm_node", "--worker-id", f"llm-local-{i}", "--role", "prefill",
-                                               "--colocate-with", f"encode-{i}", *common])
+                                               "--colocate-with", f"encode-{i}", *common, *s.llm_args], device=i)
         if s.steal:
             for i in range(s.encode_workers):
                 self._spawn(f"llm-steal-{i}", ["-m", "llm_node", "--worker-id", f"llm-steal-{i}", "--role", "combined",
-                                               "--colocate-with", f"encode-{i}", *common])
+                                               "--colocate-with", f"encode-{i}", *common, *s.llm_args], device=i)
         for i, role in enumerate(s.llm_roles):
-            self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common])
+            self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common,
+                                                     *s.llm_args], device=s.encode_workers + i)
         self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])

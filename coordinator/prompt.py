@@ -59,7 +59,8 @@ def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: fl
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0.0:  # the limit of top_p -> 0 keeps only the most likely token
         temperature, top_p = 0.0, 1.0
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=req.seed, stop=stop)
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=req.seed, stop=stop,
+                          ignore_eos=req.ignore_eos)
 
 
 def _max_tokens_param(req: ChatCompletionRequest) -> str:

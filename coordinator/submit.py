@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from coordinator.errors import RequestError
-from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams, Timing
 from coordinator.policies.base import PolicyConfig
+from coordinator.protocol.messages import (
+    EncodeJob,
+    MediaRef,
+    PrefillJob,
+    SamplingParams,
+    Timing,
+)
 from coordinator.protocol.registry import WorkerStatus, least_loaded
 from coordinator.protocol.streams import push_job
 from coordinator.state import AppState

@@ -20,12 +20,18 @@ import time
 import torch
 from redis.asyncio import Redis
 
-from coordinator.protocol.keys import Keys
-from coordinator.protocol.messages import EncodeBatch, EncodeJob, PrefillJob, TokenEvent, WorkerInfo
-from coordinator.protocol.presence import Presence
-from coordinator.protocol.process import forever, supervise
 from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.colocation import ColocationChannel, channel_path
+from coordinator.protocol.keys import Keys
+from coordinator.protocol.messages import (
+    EncodeBatch,
+    EncodeJob,
+    PrefillJob,
+    TokenEvent,
+    WorkerInfo,
+)
+from coordinator.protocol.presence import Presence
+from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry, WorkerStatus
 from coordinator.protocol.streams import JobStream, publish_tokens, push_job
 from encode_node.config import EncodeWorkerConfig

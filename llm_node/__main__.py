@@ -40,8 +40,9 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     from coordinator.protocol.colocation import ColocationChannel, channel_path
     from llm_node.engine import EngineConfig, ReferenceEngine
     from llm_node.gpu_share import LLMGpuShare
-    from native.stream_partition import StreamPartition
+    from llm_node.preemption import PrefillPreemption
     from llm_node.worker import LLMWorker
+    from native.stream_partition import StreamPartition
     from transport.registry import make_receiver, make_sender
 
     torch.set_num_threads(cfg.threads)
@@ -61,6 +62,8 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     if cfg.colocated_with is not None:
         channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.colocated_with))
         share = LLMGpuShare(channel, cfg.role, StreamPartition("cpu", "prefill"))
+        if cfg.role == "combined":  # stealing: long prefills give way to the encoder between layers
+            engine.preemption = PrefillPreemption(model, lambda: channel.encoder_busy)
     await run_until_signalled(cfg.redis_url, lambda redis, stop: LLMWorker(
         cfg, redis, engine, receiver, make_sender(cfg.transport), share).run(stop))
 

@@ -11,6 +11,7 @@ logits it produces match `model.generate()` on the same inputs (tests/llm_node/)
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -20,6 +21,7 @@ from coordinator.protocol.messages import SamplingParams
 from llm_node.detokenizer import IncrementalDetokenizer
 from llm_node.kv import SequenceKV
 from llm_node.model_runner import ModelRunner
+from llm_node.preemption import Preempted, PrefillPreemption
 from llm_node.sampling import sample
 from llm_node.scheduler import Scheduler, StepPlan
 from llm_node.sequence import Sequence
@@ -121,6 +123,8 @@ class ReferenceEngine:
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or ()))
         text_config = model.config.get_text_config(decoder=True)
         self.max_model_len: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.preemption: PrefillPreemption | None = None
+        """Set on a stealing worker: its prefills give way to the encoder (llm_node/preemption.py)."""
 
     def add(self, request: EngineRequest) -> None:
         """Queue a request; raises ValueError (and keeps nothing) when it cannot run on this engine."""
@@ -171,7 +175,11 @@ class ReferenceEngine:
 
     def step(self) -> list[StepOutput]:
         plan = self.schedule()
-        out = self.execute(plan)
+        try:
+            out = self.execute(plan)
+        except Preempted:  # nothing ran to completion: the step is retried as if never scheduled
+            self.scheduler.unschedule(plan)
+            raise
         return self.update(plan, out)
 
     def schedule(self) -> StepPlan:
@@ -182,9 +190,10 @@ class ReferenceEngine:
         out = ExecuteOutput()
         if plan.prefills:
             start = time.perf_counter()
-            result = self.runner.prefill(
-                [s.prompt_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills]
-            )
+            with self.preemption.prefill() if self.preemption is not None else nullcontext():
+                result = self.runner.prefill(
+                    [s.prompt_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills]
+                )
             out.prefill_tokens = self._sample(result.logits, plan.prefills)
             out.prefill_logits, out.prefill_kvs = result.logits, result.kvs
             out.prefill_s = time.perf_counter() - start

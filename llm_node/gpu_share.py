@@ -2,7 +2,8 @@
 
 - role "combined" on an encode GPU: the **stealing** worker (time sharing, HeteroServe). Each engine
   step runs only while the encoder is idle, holding the channel's lock for exactly that step, so an
-  arriving micro-batch waits for at most one step. It reports how many requests it holds, so the
+  arriving micro-batch waits for at most one step: a decode step, or one decoder layer of a prefill,
+  which gives way to it (llm_node/preemption.py). It reports how many requests it holds, so the
   encoder's WorkStealing policy can respect `max_stolen`.
 - role "prefill" on an encode GPU: the **local prefill** worker of the offload share s (space sharing,
   EAServe). Before each step it applies its side of the TPC split the encoder published for the
@@ -17,6 +18,7 @@ from typing import TypeVar
 
 from coordinator.policies.sm_partition import TPCSplit
 from coordinator.protocol.colocation import ColocationChannel
+from llm_node.preemption import Preempted
 from native.stream_partition import StreamPartition
 
 T = TypeVar("T")
@@ -33,10 +35,14 @@ class LLMGpuShare:
         self.steps = 0
         self.step_seconds = 0.0
         self.longest_step_s = 0.0
+        self.longest_decode_step_s = 0.0
+        """The longest step that ran no prefill: the issue's unit for the delay bound."""
         self.deferred = 0
         """Times a step was held back because the encoder had work."""
+        self.preempted = 0
+        """Prefill steps abandoned between layers because the encoder arrived (llm_node/preemption.py)."""
 
-    def run_step(self, step: Callable[[], T]) -> T | None:
+    def run_step(self, step: Callable[[], list[T]]) -> list[T] | None:
         """Blocking (call it in the engine thread): run one engine step if this worker may now; None if
         the encoder has work (stealing worker) and the step must wait."""
         if not self.stealing:
@@ -50,13 +56,19 @@ class LLMGpuShare:
             return None
         t0 = time.perf_counter()
         try:
-            return step()
+            out = step()
+        except Preempted:  # the encoder arrived during a prefill: nothing changed, retry later
+            self.preempted += 1
+            return None
         finally:
             self.channel.step_end()
             seconds = time.perf_counter() - t0
-            self.steps += 1
             self.step_seconds += seconds
-            self.longest_step_s = max(self.longest_step_s, seconds)
+        self.steps += 1
+        self.longest_step_s = max(self.longest_step_s, seconds)
+        if not any(getattr(o, "prefill_s", 0.0) for o in out):  # type: ignore[union-attr]
+            self.longest_decode_step_s = max(self.longest_decode_step_s, seconds)
+        return out
 
     def report(self, held_requests: int, backlog_tokens: int) -> None:
         """What the encoder's policies need from this side, written every engine loop."""
@@ -70,4 +82,5 @@ class LLMGpuShare:
             return {"sm_partition_supported": float(self.partition.supported),
                     "sm_partition_applied": float(self.partition.applied)}
         return {"stolen_steps": float(self.steps), "stolen_seconds": self.step_seconds,
-                "stolen_longest_step_s": self.longest_step_s, "stolen_deferred_steps": float(self.deferred)}
+                "stolen_longest_step_s": self.longest_step_s, "stolen_longest_decode_step_s": self.longest_decode_step_s,
+                "stolen_deferred_steps": float(self.deferred), "stolen_preempted_prefills": float(self.preempted)}

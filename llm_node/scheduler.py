@@ -32,6 +32,8 @@ class StepPlan:
     """Sequences whose prompts run as one batched prefill this step, in arrival order."""
     decodes: list[Sequence] = field(default_factory=list)
     """Sequences that each feed their last token to one batched decode forward this step."""
+    admitted: list[Sequence] = field(default_factory=list)
+    """Sequences this plan moved from waiting to running (what `unschedule` puts back)."""
 
     @property
     def is_empty(self) -> bool:
@@ -67,8 +69,17 @@ class Scheduler:
             budget -= cost
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            plan.admitted.append(seq)
             (plan.prefills if seq.needs_prefill else plan.decodes).append(seq)
         return plan
+
+    def unschedule(self, plan: StepPlan) -> None:
+        """Undo `schedule` for a plan whose step did not run (a preempted prefill): its admitted
+        sequences go back to the head of the queue, in order."""
+        for seq in reversed(plan.admitted):
+            self.running.remove(seq)
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
 
     def after_step(self, seq: Sequence, was_prefill: bool, finished: bool) -> bool:
         """Retire `seq` if its step finished it or, on a prefill engine, hands it off; True on hand-off."""

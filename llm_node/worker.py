@@ -82,8 +82,7 @@ class LLMWorker:
         await self.jobs.delete()
         await self.sender.close()
         await self.receiver.close()
-        if self.share is not None:
-            self.share.report(0, 0)
+        self.report_share()
 
     def spawn(self, coro) -> None:
         """A fire-and-forget task, referenced until done (the loop keeps only weak references)."""
@@ -140,11 +139,10 @@ class LLMWorker:
         for rid in self.aborted:
             self.engine.abort(rid)
         self.aborted.clear()
-        if self.share is not None:
-            self.share.report(len(self.jobs_by_id), sum(
-                len(j.prompt_token_ids) for j in self.jobs_by_id.values() if isinstance(j, PrefillJob)))
+        self.report_share()
         if not self.engine.has_unfinished():
             await self.flush()
+            self.report_share()  # the flushed publish may have finished requests
             if not self.pending:
                 await self.wake.wait()
             return
@@ -160,6 +158,12 @@ class LLMWorker:
             return
         await self.flush()
         self.publishing = asyncio.create_task(self.emit(outputs))
+
+    def report_share(self) -> None:
+        """Tell the encoder on this GPU what its policies need: requests held (stealing), backlog (prefill)."""
+        if self.share is not None:
+            self.share.report(len(self.jobs_by_id), sum(
+                len(j.prompt_token_ids) for j in self.jobs_by_id.values() if isinstance(j, PrefillJob)))
 
     async def flush(self) -> None:
         if self.publishing is not None:

@@ -127,6 +127,9 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool = False
+    """vLLM's extension: keep generating past the end-of-sequence token until max_tokens (benchmarks
+    use it to fix output lengths)."""
 
 
 # --- responses -------------------------------------------------------------------------------------

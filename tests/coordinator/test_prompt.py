@@ -232,10 +232,12 @@ def test_sampling_defaults():
 
 
 def test_sampling_fields_are_mapped():
-    fields = {"max_tokens": 9, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": "END"}
+    fields = {"max_tokens": 9, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": "END",
+              "ignore_eos": True}
     req = make_request(CASES["text only"], **fields)
     s = sampling_from_request(req)
-    assert (s.max_tokens, s.temperature, s.top_p, s.seed, s.stop) == (7, 0.5, 0.9, 3, ("END",))
+    assert (s.max_tokens, s.temperature, s.top_p, s.seed, s.stop, s.ignore_eos) == (7, 0.5, 0.9, 3, ("END",), True)
+    assert sampling_from_request(make_request(CASES["text only"])).ignore_eos is False
     assert sampling_from_request(make_request(CASES["text only"], max_tokens=9, stop=["a", "b"])).stop == ("a", "b")
 
 

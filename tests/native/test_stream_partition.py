@@ -66,9 +66,9 @@ def test_a_stealing_worker_does_not_follow_splits_and_counts_its_steps(tmp_path)
     path = channel_path("t", "encode-0", tmp_path)
     enc = EncoderGpuShare(ColocationChannel(path), StreamPartition("cpu", "encoder"))
     steal = LLMGpuShare(ColocationChannel(path), "combined", StreamPartition("cpu", "prefill"))
-    assert steal.run_step(lambda: 1) == 1
+    assert steal.run_step(lambda: ["out"]) == ["out"]
     enc.claim(1, 10)
-    assert steal.run_step(lambda: 2) is None  # the encoder has the GPU
+    assert steal.run_step(lambda: ["never"]) is None  # the encoder has the GPU
     enc.release(False)
     steal.report(held_requests=3, backlog_tokens=99)
     assert enc.channel.stolen_held() == 3 and enc.channel.prefill_backlog() == 0
