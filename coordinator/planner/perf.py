@@ -1,0 +1,207 @@
+"""Service times per tier: measured profiles where present, a roofline estimate from the catalog otherwise.
+
+`PerfModel` implements `ServiceTimes` (service.py). The roofline time of a forward pass is
+max(FLOPs / (peak * compute_efficiency), bytes / (bandwidth * memory_efficiency)) + a fixed launch
+overhead: whichever of compute or memory traffic takes longer bounds it. Encoders and prefill come
+out compute-bound, decode memory-bound (weights and KV cache are read once per step), which is the
+asymmetry the tiered design is built on. Transfers are bytes over the narrowest link plus a latency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.planner.arch import ModelArch
+from coordinator.planner.catalog import Catalog, Tier
+from coordinator.planner.profile import Profile
+from coordinator.planner.service import Modality
+
+ACTIVATION_PASSES = 8
+"""Rough count of hidden-state-sized reads/writes per layer per token (attention and MLP in/out)."""
+
+
+class RooflineConfig(BaseModel):
+    """Defaults of the roofline estimate; a tier's own values in the catalog take precedence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    compute_efficiency: float = Field(0.6, gt=0, le=1)
+    """Share of peak FLOP/s a real forward pass reaches (large GEMMs reach 0.6-0.8; small batches less)."""
+    memory_efficiency: float = Field(0.8, gt=0, le=1)
+    """Share of peak memory bandwidth a streaming read reaches."""
+    launch_overhead_s: float = Field(0.001, ge=0)
+    """Fixed time per forward pass: kernel launches and scheduling (about 1 ms with CUDA graphs)."""
+
+
+class NetworkConfig(BaseModel):
+    """Links between GPUs, for transfer times."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nic_gbps: float = Field(100.0, gt=0)
+    """Network speed between hosts, Gbit/s (per direction)."""
+    network_latency_s: float = Field(50e-6, ge=0)
+    """Fixed cost of one transfer between hosts (RDMA/TCP setup and notification)."""
+    host_latency_s: float = Field(10e-6, ge=0)
+    """Fixed cost of one transfer inside a host."""
+    use_nvlink: bool = True
+    """Same host and same NVLink tier: use NVLink instead of PCIe."""
+
+
+def encode_cost(arch: ModelArch, modality: Modality, batch: int, tokens_per_item: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of one encoder forward: linear layers on every position, attention within spans."""
+    enc = arch.encoder(modality)
+    seq = tokens_per_item * enc.input_tokens_per_output_token
+    span = min(seq, enc.attention_span_tokens or seq)
+    full = min(enc.full_attention_layers, enc.layers)
+    attention = 4 * seq * enc.hidden * ((enc.layers - full) * span + full * seq)
+    flops = batch * (2 * enc.params * seq + attention)
+    activations = batch * seq * enc.hidden * enc.layers * ACTIVATION_PASSES * arch.dtype_bytes
+    return flops, enc.params * arch.dtype_bytes + activations + batch * arch.embedding_bytes(tokens_per_item)
+
+
+def prefill_cost(arch: ModelArch, tokens: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of one prefill over `tokens` tokens, counted as ONE causal sequence (an upper
+    bound on attention when several shorter sequences are batched: the term is small below ~8k tokens)."""
+    llm = arch.llm
+    flops = 2 * llm.params * tokens + 2 * llm.layers * tokens * tokens * llm.heads * llm.head_dim
+    activations = tokens * llm.hidden * llm.layers * ACTIVATION_PASSES * arch.dtype_bytes
+    return flops, arch.llm_weight_bytes() + tokens * arch.kv_bytes_per_token() + activations
+
+
+def decode_cost(arch: ModelArch, batch: int, context_tokens: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step: every weight and every cached key/value is read once."""
+    llm = arch.llm
+    flops = 2 * llm.params * batch + 4 * llm.layers * context_tokens * llm.heads * llm.head_dim
+    kv = arch.kv_bytes_per_token()
+    return flops, arch.llm_weight_bytes() + (context_tokens + batch) * kv
+
+
+@dataclass(frozen=True, slots=True)
+class _TierRates:
+    """One tier's roofline constants, worked out once: the simulator asks for them ~10^5 times a run,
+    and resolving the name through the catalog (alias matching) cost more than the arithmetic."""
+
+    name: str
+    """Canonical tier name (the key of PerfModel.profiles)."""
+    flops_s: float
+    """Achievable FLOP/s: peak x compute efficiency."""
+    bytes_s: float
+    """Achievable bytes/s: bandwidth x memory efficiency."""
+    overhead_s: float
+    """Fixed seconds per forward pass."""
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {name}={value!r}")
+
+
+class PerfModel:
+    """ServiceTimes for one model: measured profiles first, then the roofline estimate of each tier."""
+
+    def __init__(self, catalog: Catalog, arch: ModelArch, profiles: Mapping[str, Profile] | Iterable[Profile] = (),
+                 roofline: RooflineConfig | None = None, network: NetworkConfig | None = None) -> None:
+        self.catalog = catalog
+        self.arch = arch
+        self.roofline = roofline or RooflineConfig()
+        self.network = network or NetworkConfig()
+        self.profiles: dict[str, Profile] = {}
+        for profile in profiles.values() if isinstance(profiles, Mapping) else profiles:
+            if profile.model != arch.name:
+                raise ValueError(f"profile for tier {profile.tier!r} was measured on model {profile.model!r}, "
+                                 f"not {arch.name!r}; profile this model or drop the file")
+            tier = catalog.resolve(profile.tier)
+            if tier in self.profiles:
+                raise ValueError(f"two profiles for tier {tier!r}; keep one")
+            self.profiles[tier] = profile
+        self._rates: dict[str, _TierRates] = {}
+        """Tier constants by the name callers used (alias or canonical). Safe to keep: the catalog, its
+        tiers and the configs are frozen; unknown names are never cached, so they still raise."""
+        self._links: dict[tuple[str, str, bool], float] = {}
+        """link_bytes_s by (src, dst, same_host), for the same reason."""
+
+    def _tier_rates(self, tier: Tier) -> _TierRates:
+        ce = tier.compute_efficiency or self.roofline.compute_efficiency
+        me = tier.memory_efficiency or self.roofline.memory_efficiency
+        overhead = self.roofline.launch_overhead_s if tier.launch_overhead_s is None else tier.launch_overhead_s
+        return _TierRates(tier.name, tier.peak_flops * ce, tier.bandwidth_bytes_s * me, overhead)
+
+    def _rates_of(self, name: str) -> _TierRates:
+        rates = self._rates.get(name)
+        if rates is None:
+            rates = self._rates[name] = self._tier_rates(self.catalog.tier(name))
+        return rates
+
+    def roofline_s(self, tier: str | Tier, flops: float, nbytes: float) -> float:
+        """Roofline time of one forward pass on one GPU of `tier`."""
+        r = self._tier_rates(tier) if isinstance(tier, Tier) else self._rates_of(tier)
+        return max(flops / r.flops_s, nbytes / r.bytes_s) + r.overhead_s
+
+    def source(self, tier: str, stage: Literal["encode", "prefill", "decode"],
+               modality: Modality = "image") -> Literal["measured", "roofline"]:
+        """Which model answers for `stage` on `tier`, for reports."""
+        p = self.profiles.get(self.catalog.resolve(tier))
+        measured = p is not None and bool(
+            {"encode": modality in p.encode, "prefill": p.prefill, "decode": p.decode}[stage])
+        return "measured" if measured else "roofline"
+
+    def _profile(self, tier: str) -> Profile | None:
+        return self.profiles.get(self._rates_of(tier).name)
+
+    def encode_s(self, tier: str, modality: Modality, batch: int, tokens_per_item: int) -> float:
+        _check_counts(batch=batch, tokens_per_item=tokens_per_item)
+        if batch == 0:
+            return 0.0
+        p = self._profile(tier)
+        measured = p.encode_s(modality, batch, tokens_per_item) if p else None
+        if measured is not None:
+            return measured
+        return self.roofline_s(tier, *encode_cost(self.arch, modality, batch, tokens_per_item))
+
+    def prefill_s(self, tier: str, tokens: int) -> float:
+        _check_counts(tokens=tokens)
+        if tokens == 0:
+            return 0.0
+        p = self._profile(tier)
+        measured = p.prefill_s(tokens) if p else None
+        return measured if measured is not None else self.roofline_s(tier, *prefill_cost(self.arch, tokens))
+
+    def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
+        if batch < 0 or context_tokens < 0:  # the hottest call in a simulation: check without building kwargs
+            _check_counts(batch=batch, context_tokens=context_tokens)
+        if batch == 0:
+            return 0.0
+        p = self._profile(tier)
+        measured = p.decode_step_s(batch, context_tokens) if p else None
+        if measured is not None:
+            return measured
+        return self.roofline_s(tier, *decode_cost(self.arch, batch, context_tokens))
+
+    def link_bytes_s(self, src_tier: str, dst_tier: str, same_host: bool) -> float:
+        """Bandwidth of the narrowest link on the way: NVLink between same-tier NVLink GPUs of one host,
+        else both GPUs' PCIe links, plus the NIC between hosts."""
+        key = (src_tier, dst_tier, same_host)
+        found = self._links.get(key)
+        if found is None:
+            found = self._links[key] = self._link_bytes_s(src_tier, dst_tier, same_host)
+        return found
+
+    def _link_bytes_s(self, src_tier: str, dst_tier: str, same_host: bool) -> float:
+        src, dst = self.catalog.tier(src_tier), self.catalog.tier(dst_tier)
+        if same_host and src.name == dst.name and src.nvlink_gbs and self.network.use_nvlink:
+            return src.nvlink_gbs * 1e9
+        pcie = min(src.host_link_bytes_s, dst.host_link_bytes_s)
+        return pcie if same_host else min(pcie, self.network.nic_gbps * 1e9 / 8)
+
+    def transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
+        _check_counts(nbytes=nbytes)
+        if nbytes == 0:
+            return 0.0
+        latency = self.network.host_latency_s if same_host else self.network.network_latency_s
+        return nbytes / self.link_bytes_s(src_tier, dst_tier, same_host) + latency

@@ -1,0 +1,163 @@
+"""Measured service times of one model on one tier, and the piecewise-linear reading of them.
+
+`tierserve profile` measures these on real workers (HAS stage 1: encode per batch size, prefill per
+prompt length, decode per batch and context) and saves them as JSON; the performance model prefers
+them to its roofline estimate. Between measured points times are interpolated linearly; beyond them
+they are extrapolated along the nearest segment, because service times grow about linearly in tokens
+once the GPU is busy. No reading is ever negative.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from coordinator.planner.service import Modality
+
+
+def interpolate(points: Iterable[tuple[float, float]], x: float) -> float:
+    """y at x on the polyline through `points` (repeated x are averaged), extended linearly at both
+    ends; a single point gives a constant. Clamped at 0."""
+    groups: dict[float, list[float]] = defaultdict(list)
+    for px, py in points:
+        groups[float(px)].append(float(py))
+    if not groups:
+        raise ValueError("interpolate needs at least one measured point")
+    xs = sorted(groups)
+    ys = [sum(groups[k]) / len(groups[k]) for k in xs]
+    if len(xs) == 1:
+        return max(0.0, ys[0])
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+class EncodePoint(BaseModel):
+    """One encoder forward over a batch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch: int = Field(ge=1)
+    """Items in the batch."""
+    seconds: float = Field(ge=0)
+    """Wall time of the forward, preprocessing excluded."""
+
+
+class EncodeCurve(BaseModel):
+    """Encoder times per batch size, measured with items of one size."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_item: int = Field(ge=1)
+    """Embedding tokens each measured item produced. A query with other items is read at the batch
+    holding the same total tokens (encoder time taken as a function of batch * tokens_per_item)."""
+    points: tuple[EncodePoint, ...] = Field(min_length=1)
+    """The measurements."""
+
+
+class PrefillPoint(BaseModel):
+    """One prefill forward."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens: int = Field(ge=1)
+    """Prompt tokens in the forward, summed over the sequences batched together."""
+    seconds: float = Field(ge=0)
+    """Wall time of the forward."""
+
+
+class DecodePoint(BaseModel):
+    """One decode step."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch: int = Field(ge=1)
+    """Sequences advanced by the step."""
+    context_tokens: int = Field(ge=0)
+    """Tokens in their KV caches, summed over the batch (as ServiceTimes.decode_step_s takes it)."""
+    seconds: float = Field(ge=0)
+    """Wall time of the step."""
+
+
+class Profile(BaseModel):
+    """Everything measured for one model on one tier."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tier: str
+    """Catalog tier the worker ran on (canonical name or alias)."""
+    model: str
+    """ModelArch.name of the model measured; a profile is never applied to another model."""
+    measured_at: str
+    """When (ISO date or datetime), so a stale profile can be spotted."""
+    source: str = ""
+    """How: the command and host that produced it."""
+    encode: dict[Modality, EncodeCurve] = {}
+    """Encoder curves by modality; a missing modality falls back to the roofline estimate."""
+    prefill: tuple[PrefillPoint, ...] = ()
+    """Prefill measurements; empty falls back to the roofline estimate."""
+    decode: tuple[DecodePoint, ...] = ()
+    """Decode-step measurements; empty falls back to the roofline estimate."""
+
+    @model_validator(mode="after")
+    def _some_points(self) -> Profile:
+        if not (self.encode or self.prefill or self.decode):
+            raise ValueError(f"profile of {self.model!r} on {self.tier!r} has no measured points at all")
+        return self
+
+    def encode_s(self, modality: Modality, batch: int, tokens_per_item: int) -> float | None:
+        curve = self.encode.get(modality)
+        if curve is None:
+            return None
+        equivalent_batch = batch * tokens_per_item / curve.tokens_per_item
+        return interpolate(((p.batch, p.seconds) for p in curve.points), equivalent_batch)
+
+    def prefill_s(self, tokens: int) -> float | None:
+        if not self.prefill:
+            return None
+        return interpolate(((p.tokens, p.seconds) for p in self.prefill), tokens)
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float | None:
+        """Linear in context within each measured batch size, then linear across batch sizes."""
+        if not self.decode:
+            return None
+        rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for p in self.decode:
+            rows[p.batch].append((p.context_tokens, p.seconds))
+        at_batch = ((b, interpolate(pts, context_tokens)) for b, pts in rows.items())
+        return interpolate(at_batch, batch)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read profile {path}: {exc.strerror}") from None
+        except ValidationError as exc:
+            bad = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(file)'}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"profile {path} is invalid: {bad}. Re-run `tierserve profile` "
+                             f"or fix the file") from None
+
+
+def load_profiles(paths: Iterable[str | Path]) -> Mapping[str, Profile]:
+    """Profiles from files, or from every *.json in a directory, keyed by their tier as written."""
+    found: dict[str, Profile] = {}
+    for path in map(Path, paths):
+        for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
+            profile = Profile.load(file)
+            if profile.tier in found:
+                raise ValueError(f"two profiles for tier {profile.tier!r} (one is {file}); keep one per tier")
+            found[profile.tier] = profile
+    return found

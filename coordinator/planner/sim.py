@@ -1,0 +1,205 @@
+"""Discrete-event simulator of a deployment, driving the same policy objects as the live runtime.
+
+    sim = Simulator(deployment, service_times, kv_bytes_per_token=..., embedding_bytes_per_token=...)
+    result = sim.run(workload.generate(10_000, seed=1))
+    summary = result.summary(SLO(ttft_s=1.0, tpot_s=0.05), deployment.node_prices({...}))
+
+One heap of events, no threads, no wall clock. A request: arrives at the least-loaded encode node
+(ties rotate, as the coordinator's least_loaded does); its BatchPolicy releases it in a micro-batch;
+the batch is encoded (ServiceTimes.encode_s); each request is kept by work stealing, or routed by the
+OffloadRouter to the node's local prefill worker (E+P, no transfer) or to the least-loaded remote
+P / P+D node (embedding transfer, ServiceTimes.transfer_s); the prefill step gives the first token; a
+P or E+P prefill hands the KV cache to the least-loaded D node (transfer of prompt x kv_bytes_per_token);
+decode steps (continuous batching) produce the rest.
+
+Engines step as llm_node's engine does (sim_engine.py): one step = a batched prefill of the requests
+admitted this step followed by one decode forward over every running sequence, timed prefill_s +
+decode_step_s; so a P+D node interleaves prefills into its decode stream at step granularity. A step
+is one event for its whole batch, and runs of decode-only steps are "coasted" with one event in all
+(sim_llm.py); every step's own duration still comes from decode_step_s, so TPOT keeps step granularity.
+
+Modelling choices (and limits):
+- A micro-batch mixing modalities costs one encode_s per modality, over all its items, at their mean
+  tokens per item (a packed, variable-length encoder); the worker's own max_batch_size is assumed >= B.
+- Transfers never contend for a link; they only add latency (embeddings: a few MB; DESIGN: < 2.5 %).
+- LLM engines are limited by max_num_seqs and the token budget; KV-cache memory is not modelled.
+- E+P sharing: see sim_gpu.py. Work stealing only on E nodes.
+- Token streaming to the client is free: the first token counts when its prefill step ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from coordinator.planner.deployment import Deployment
+from coordinator.planner.goodput import SLO, NodeUsage, RequestRecord, Summary, summarize
+from coordinator.planner.service import ServiceTimes
+from coordinator.planner.sim_engine import Flight
+from coordinator.planner.sim_events import EventQueue
+from coordinator.planner.sim_gpu import SharedGPU
+from coordinator.planner.sim_encode import EncodeNode
+from coordinator.planner.sim_llm import LLMNode
+from coordinator.planner.workload import SimRequest
+from coordinator.policies.offload import OffloadCounts, OffloadRouter
+from coordinator.policies.registry import make_batch_policy
+from coordinator.policies.sm_partition import SMPartition
+from coordinator.policies.work_stealing import WorkStealing
+
+_STAGES = {"E": {"encode"}, "E+P": {"encode", "prefill"}, "P": {"prefill"}, "D": {"decode"},
+           "P+D": {"prefill", "decode"}}
+_ENGINE_ROLE = {"P": "prefill", "D": "decode", "P+D": "combined"}
+
+
+@dataclass(frozen=True)
+class EncodeStats:
+    """What one encode node's policies did during a run."""
+
+    name: str
+    """The encode node."""
+    offload: OffloadCounts
+    """The OffloadRouter's totals (local / remote / fallbacks)."""
+    stolen: int
+    """Requests kept by work stealing."""
+    longest_stolen_step_s: float
+    """The most one stolen step can have delayed an encode batch."""
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Everything a run recorded."""
+
+    records: list[RequestRecord]
+    """One per request, in arrival order."""
+    usage: list[NodeUsage]
+    """One per node, in deployment order."""
+    encoders: list[EncodeStats]
+    """One per encode node, in deployment order."""
+    events: int
+    """Events processed (the simulator's own cost)."""
+
+    def summary(self, slo: SLO, price_per_hour: Mapping[str, float] | None = None) -> Summary:
+        """Goodput etc. under `slo`; `price_per_hour` by node name (Deployment.node_prices)."""
+        return summarize(self.records, slo, self.usage, price_per_hour)
+
+
+class Cluster:
+    """One run's nodes and the routing between them (built fresh per run: policies hold state)."""
+
+    def __init__(self, deployment: Deployment, service: ServiceTimes, kv_bytes_per_token: int,
+                 embedding_bytes_per_token: int, default_tpcs: int, coast: bool) -> None:
+        self.deployment = deployment
+        self.coast = coast
+        """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
+        self.service = service
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.embedding_bytes_per_token = embedding_bytes_per_token
+        self.events = EventQueue()
+        self.encoders: list[EncodeNode] = []
+        self.remote_prefill: list[LLMNode] = []
+        self.decoders: list[LLMNode] = []
+        self.usage: list[NodeUsage] = []
+        self._rr = 0
+        ws_cfg = deployment.stealing
+        for name, node in zip(deployment.names, deployment.nodes):
+            steals = node.role == "E" and ws_cfg.enabled
+            stages = _STAGES[node.role] | ({"stolen"} if steals else set())
+            usage = NodeUsage(name, node.tier, node.role, stages=frozenset(stages))
+            self.usage.append(usage)
+            if node.role in ("E", "E+P"):
+                gpu = None
+                if node.role == "E+P":
+                    gpu = SharedGPU(self.events, SMPartition(node.tpcs or default_tpcs, deployment.partition), usage)
+                self.encoders.append(EncodeNode(
+                    self, usage, node.host, make_batch_policy(deployment.batch), OffloadRouter(deployment.offload.s),
+                    gpu, WorkStealing(ws_cfg) if steals else None))
+                continue
+            llm = LLMNode(self, usage, node.host, _ENGINE_ROLE[node.role])
+            (self.decoders if node.role == "D" else self.remote_prefill).append(llm)
+        self.has_remote_prefill = bool(self.remote_prefill)
+
+    def least_loaded(self, nodes: list) -> object:
+        """Lowest load; ties rotate so equal nodes share the traffic (coordinator least_loaded)."""
+        self._rr += 1
+        low = min(n.load for n in nodes)
+        ties = [n for n in nodes if n.load == low]
+        return ties[self._rr % len(ties)]
+
+    def encode_s(self, tier: str, batch: list[Flight]) -> float:
+        if len(batch) == 1:
+            r = batch[0].record.request
+            return self.service.encode_s(tier, r.modality, r.items, r.tokens_per_item)
+        groups: dict[str, list[int]] = {}
+        for f in batch:
+            r = f.record.request
+            g = groups.setdefault(r.modality, [0, 0])
+            g[0] += r.items
+            g[1] += r.embedding_tokens
+        return sum(self.service.encode_s(tier, m, items, max(1, round(tokens / items)))
+                   for m, (items, tokens) in groups.items())
+
+    def min_remote_load(self) -> int | None:
+        return min((n.load for n in self.remote_prefill), default=None)
+
+    def send_to_prefill(self, f: Flight, src: EncodeNode, now: float) -> None:
+        dst = self.least_loaded(self.remote_prefill)
+        f.record.prefill_node = dst.name
+        nbytes = f.record.request.embedding_tokens * self.embedding_bytes_per_token
+        self._transfer(f, nbytes, src.tier, src.host, dst, now)
+
+    def hand_off_kv(self, f: Flight, tier: str, host: str | None, now: float) -> None:
+        dst = self.least_loaded(self.decoders)
+        f.record.decode_node = dst.name
+        self._transfer(f, f.prompt * self.kv_bytes_per_token, tier, host, dst, now)
+
+    def _transfer(self, f: Flight, nbytes: int, tier: str, host: str | None, dst: LLMNode, now: float) -> None:
+        same_host = host is not None and host == dst.host
+        dst.incoming += 1
+        self.events.at(now + self.service.transfer_s(nbytes, tier, dst.tier, same_host), dst.receive, f)
+
+
+class Simulator:
+    """Runs request lists through a deployment; each `run` starts from a fresh cluster."""
+
+    def __init__(self, deployment: Deployment, service: ServiceTimes, *, kv_bytes_per_token: int,
+                 embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True) -> None:
+        for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
+                            ("embedding_bytes_per_token", embedding_bytes_per_token), ("default_tpcs", default_tpcs)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
+        self.deployment = deployment
+        self.service = service
+        self.kv_bytes_per_token = kv_bytes_per_token
+        """KV-cache bytes per prompt token (all layers, K and V): what a P -> D hand-off moves."""
+        self.embedding_bytes_per_token = embedding_bytes_per_token
+        """Bytes per embedding token (hidden size x dtype bytes): what E -> P moves."""
+        self.default_tpcs = default_tpcs
+        """TPCs of an E+P GPU whose node does not say (64: an RTX 4090's 128 SMs)."""
+        self.coast = coast
+        """Run plain decode steps without an event each (True); False steps every one through the event
+        queue, which gives the same results (up to the order of simultaneous events) more slowly."""
+
+    def run(self, requests: Sequence[SimRequest]) -> SimResult:
+        budget = self.deployment.engine.max_num_batched_tokens
+        too_long = [(r.request_id, r.prompt_tokens) for r in requests if r.prompt_tokens > budget]
+        if too_long:
+            raise ValueError(f"{len(too_long)} prompts exceed max_num_batched_tokens={budget} (no chunked prefill), "
+                             f"e.g. (request, tokens) {too_long[:3]}")
+        if any(b.arrival < a.arrival for a, b in zip(requests, requests[1:])):
+            raise ValueError("requests must be in arrival order")
+        cluster = Cluster(self.deployment, self.service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
+                          self.default_tpcs, self.coast)
+        flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
+        events = cluster.events
+
+        def arrive(i: int) -> None:
+            cluster.least_loaded(cluster.encoders).arrive(flights[i])
+            if i + 1 < len(flights):
+                events.at(flights[i + 1].record.request.arrival, arrive, i + 1)
+
+        if flights:
+            events.at(flights[0].record.request.arrival, arrive, 0)
+        events.run()
+        stats = [EncodeStats(e.name, e.router.counts, 0 if e.stealing is None else e.stealing.stolen_total,
+                             0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
+        return SimResult([f.record for f in flights], cluster.usage, stats, events.processed)

@@ -1,0 +1,118 @@
+"""An E+P GPU shared by its encoder and its co-located prefill worker, SM partition by SM partition.
+
+Each side is a lane holding at most one job (an encoder micro-batch, or one prefill step) measured
+in seconds at the full GPU (what ServiceTimes returns). A lane progresses at `speed`, its share of the
+GPU, and every start or finish re-divides the GPU, so a job's finish time moves when the other side
+starts or stops (processor sharing with piecewise-constant rates).
+
+Shares, from SMPartition (the same object the encode worker uses):
+- "static" / "dynamic": while a micro-batch is encoded, each side runs at allotted TPCs / total TPCs
+  of the split chosen for THAT micro-batch (per-micro-batch masks, held until the batch ends; a
+  dynamic split taken with no prefill backlog gives the prefill side nothing until the batch ends).
+  With no micro-batch in flight the prefill side gets what `split(0, 0, backlog)` gives it: the whole
+  GPU under "dynamic", its fixed share under "static" (static masks stay in place).
+- "none": no masks. Two processes on one GPU without MPS time-slice, so we model processor sharing:
+  each busy side gets half the GPU, a side alone gets all of it.
+Linear scaling in TPCs is optimistic for memory-bound prefill (SMs do not partition HBM bandwidth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from coordinator.planner.goodput import NodeUsage
+from coordinator.planner.sim_events import EventQueue
+from coordinator.policies.sm_partition import SMPartition, TPCSplit
+
+
+class _Lane:
+    __slots__ = ("stage", "busy", "work_left", "speed", "since", "started", "version", "scheduled", "done")
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.busy = False
+        self.work_left = 0.0
+        """Seconds at the full GPU still to run."""
+        self.speed = 0.0
+        self.since = 0.0
+        """When work_left was last brought up to date."""
+        self.started = 0.0
+        self.version = 0
+        self.scheduled = False
+        """A finish event for the current version is in the queue."""
+        self.done: tuple[Callable[[Any], None], Any] | None = None
+
+
+class SharedGPU:
+    """Encoder lane + local-prefill lane on one GPU; see the module docstring for the shares."""
+
+    def __init__(self, events: EventQueue, partition: SMPartition, usage: NodeUsage) -> None:
+        self.events = events
+        self.partition = partition
+        self.usage = usage
+        self.encoder = _Lane("encode")
+        self.prefill = _Lane("prefill")
+        self._split: TPCSplit | None = None
+        self._idle_split = partition.split(0, 0, 1)
+        if partition.config.mode != "none" and self._idle_split.prefill_tpcs == 0:
+            raise ValueError(f"an E+P GPU with total_tpcs={partition.total_tpcs} and mode="
+                             f"{partition.config.mode!r} leaves its prefill worker no TPC; give it more TPCs")
+        self._busy_since = 0.0
+
+    def start_encode(self, work_s: float, requests: int, tokens: int, backlog_tokens: int,
+                     done: Callable[[Any], None], arg: Any) -> None:
+        """Encode a micro-batch; the split is chosen now, for this batch, from the prefill backlog."""
+        self._split = self.partition.split(requests, tokens, backlog_tokens)
+        self._start(self.encoder, work_s, done, arg)
+
+    def start_prefill(self, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
+        self._start(self.prefill, work_s, done, arg)
+
+    def _start(self, lane: _Lane, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
+        if lane.busy:
+            raise RuntimeError(f"{self.usage.name}: {lane.stage} lane is already busy")
+        now = self.events.now
+        if not (self.encoder.busy or self.prefill.busy):
+            self._busy_since = now
+        lane.busy, lane.work_left, lane.speed, lane.since, lane.started = True, work_s, 0.0, now, now
+        lane.scheduled, lane.done = False, (done, arg)
+        self._reflow(now)
+
+    def _speeds(self) -> tuple[float, float]:
+        enc, pre = self.encoder.busy, self.prefill.busy
+        if self.partition.config.mode == "none":
+            return (0.5, 0.5) if enc and pre else (1.0, 1.0)
+        split = self._split if enc and self._split is not None else self._idle_split
+        total = self.partition.total_tpcs
+        return split.encoder_tpcs / total, split.prefill_tpcs / total
+
+    def _reflow(self, now: float) -> None:
+        for lane, speed in zip((self.encoder, self.prefill), self._speeds()):
+            if not lane.busy:
+                continue
+            lane.work_left = max(0.0, lane.work_left - (now - lane.since) * lane.speed)
+            lane.since = now
+            if speed == lane.speed and lane.scheduled:
+                continue
+            lane.speed = speed
+            lane.version += 1
+            lane.scheduled = speed > 0.0
+            if lane.scheduled:
+                self.events.at(now + lane.work_left / speed, self._finish, (lane, lane.version))
+
+    def _finish(self, arg: tuple[_Lane, int]) -> None:
+        lane, version = arg
+        if version != lane.version or not lane.busy:
+            return
+        now = self.events.now
+        lane.busy = lane.scheduled = False
+        self.usage.stage_busy_s[lane.stage] += now - lane.started
+        if not (self.encoder.busy or self.prefill.busy):
+            self.usage.busy_s += now - self._busy_since
+        if lane is self.encoder:
+            self._split = None
+        done, lane.done = lane.done, None
+        self._reflow(now)
+        assert done is not None
+        done[0](done[1])
