@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
@@ -36,7 +37,18 @@ POLICIES = {
     "pass_through": {"name": "pass_through"},
     "fixed_timeout": {"name": "fixed_timeout", "max_batch": 8, "timeout_s": 0.05},
     "adaptive": {"name": "adaptive", "max_batch": 8, "fill_probability": 0.6, "max_wait_s": 1.0},
+    "adaptive_planned": {"name": "adaptive", "fill_probability": 0.6},
 }
+"""adaptive = EAServe's defaults (B=8, A=1 s). adaptive_planned = the same rule with the knobs the planner
+seeds (HAS stage 2): B = ceil(rate / encode workers), and the age cap A = --planned-wait-share of the TTFT
+SLO, so a batch never spends more of the latency budget than that waiting to fill."""
+
+
+def policy_for(name: str, rate: float, encode_workers: int, slo_ttft: float, wait_share: float) -> dict:
+    if name != "adaptive_planned":
+        return POLICIES[name]
+    return {**POLICIES[name], "max_batch": max(1, math.ceil(rate / encode_workers)),
+            "max_wait_s": round(wait_share * slo_ttft, 4)}
 
 
 async def _one(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict:
@@ -112,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds (default: %(default)s)")
     p.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO in seconds (default: %(default)s)")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    p.add_argument("--planned-wait-share", type=float, default=0.1,
+                   help="adaptive_planned: the age cap A as a share of the TTFT SLO (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/control_point.json"))
     a = p.parse_args(argv)
@@ -125,25 +139,31 @@ def main(argv: list[str] | None = None) -> int:
             rng = random.Random(a.seed)
             gaps = [rng.expovariate(rate) for _ in range(a.requests)]  # the same trace for every policy
             for name in a.policies:
-                httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": POLICIES[name]}, timeout=10).raise_for_status()
+                knobs = policy_for(name, rate, 1, a.slo_ttft, a.planned_wait_share)
+                httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": knobs}, timeout=10).raise_for_status()
                 before = _batch_histogram(cluster.url)
                 rows, wall = asyncio.run(run_trace(cluster.url, gaps, a.max_tokens, progress, f"{rate:g} req/s {name}"))
                 after = _batch_histogram(cluster.url)
                 n = after.get("count", 0) - before.get("count", 0)
                 batches = {"count": n, "mean_size": round((after.get("sum", 0) - before.get("sum", 0)) / n, 3) if n else None}
-                results.setdefault(f"{rate:g}", {})[name] = summarize(rows, wall, a.slo_ttft, a.slo_tpot, batches)
+                results.setdefault(f"{rate:g}", {})[name] = summarize(rows, wall, a.slo_ttft, a.slo_tpot, batches) | {
+                    "knobs": knobs}
+    for by in results.values():  # every policy against pass-through, within the same run
+        base = by.get("pass_through", {}).get("goodput_rps")
+        for cell in by.values():
+            cell["goodput_vs_pass_through"] = round(cell["goodput_rps"] / base, 3) if base else None
     report = {"command": "python -m benchmarks.control_point " + " ".join(sys.argv[1:] if argv is None else argv),
-              "slo": {"ttft_s": a.slo_ttft, "tpot_s": a.slo_tpot}, "policies": {k: POLICIES[k] for k in a.policies},
+              "slo": {"ttft_s": a.slo_ttft, "tpot_s": a.slo_tpot}, "policies": {k: POLICIES[k] for k in a.policies}, "planned_wait_share": a.planned_wait_share,
               "cluster": "1 encode + 1 combined worker, tiny-llava, 2 CPU cores",
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rates": results}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2))
     table = Table(title=f"encode dispatch policies (SLO: TTFT <= {a.slo_ttft}s, TPOT <= {a.slo_tpot}s)")
-    for col in ("rate", "policy", "goodput/s", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "batch"):
+    for col in ("rate", "policy", "goodput/s", "vs pass", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "batch"):
         table.add_column(col, justify="right")
     for rate, by in results.items():
         for name, s in by.items():
-            table.add_row(rate, name, f"{s['goodput_rps']:.2f}", f"{s['slo_attainment']:.0%}", str(s["ttft_ms"]["p50"]),
+            table.add_row(rate, name, f"{s['goodput_rps']:.2f}", f"x{s['goodput_vs_pass_through']}", f"{s['slo_attainment']:.0%}", str(s["ttft_ms"]["p50"]),
                           str(s["ttft_ms"]["p99"]), str(s["tpot_ms"]["p50"]), str(s["tpot_ms"]["p99"]),
                           str(s["encode_batches"]["mean_size"]))
     console.print(table)

@@ -56,6 +56,8 @@ class EncodeWorker:
         self.jobs = JobStream(redis, self.keys, cfg.worker_id)
         self.sender = make_sender(cfg.transport)
         self.in_flight = 0
+        self.queued_batches = 0
+        """Micro-batches released to this worker but not taken yet, as last counted (a metric)."""
         self.router = RequestRouter(cfg.worker_id)
         self.channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.worker_id))
         self.share = EncoderGpuShare(self.channel, StreamPartition(cfg.device, "encoder"))
@@ -117,7 +119,7 @@ class EncodeWorker:
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
         finally:
-            pending = await self.pending_batches()
+            pending = self.queued_batches = await self.pending_batches()
             self.share.release(pending > 0)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end", encode_batch=len(ok))}), m) for j, m in ok]
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
@@ -170,7 +172,7 @@ class EncodeWorker:
                 log.info("policy changed", extra={"s": policy.offload.s, "stealing": policy.stealing.enabled})
 
     def stats(self) -> dict[str, float]:
-        return self.router.stats() | self.share.metrics()
+        return self.router.stats() | self.share.metrics() | {"encode_queue_batches": float(self.queued_batches)}
 
     async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, target: WorkerStatus | None) -> None:
         if target is None:

@@ -47,6 +47,8 @@ def test_idle_encoder_steals_whole_requests_with_identical_answers(cluster):
     assert stats["llm-steal-0"]["stolen_seconds"] > 0
     metrics = httpx.get(f"{cluster.url}/metrics", timeout=10).text
     assert 'worker="llm-steal-0"' in metrics and 'stat="stolen_seconds"' in metrics
+    for stat in ("encode_queue_batches", "encode_gate_wait_max_s", "stolen_total", "sm_partition_supported"):
+        assert f'worker="encode-0",stat="{stat}"' in metrics or f'stat="{stat}",worker="encode-0"' in metrics, stat
 
 
 def test_an_idle_remote_tier_is_not_stolen_from(cluster):
