@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: anything looser pulls gigabytes of CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,ucx]'
+	# NIXL never imports torch but declares a CUDA one: --no-deps keeps the CPU build.
+	$(BIN)/pip install -q --no-deps nixl-cu12==1.5.1
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -3,7 +3,7 @@
 A receiver listens at an address that its worker publishes in the Redis registry; a sender pushes
 named tensors of one request to that address and returns their descriptors, which travel on the
 control plane (Redis streams) to the receiving worker, which then awaits the matching tensors.
-Backends (local sockets here; UCX and NIXL later) implement these two classes.
+Backends (local, tcp, ucx, nixl: see transport/README.md) implement these two classes.
 """
 
 from __future__ import annotations

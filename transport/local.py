@@ -17,8 +17,22 @@ from pydantic import ValidationError
 
 from transport.base import EmbeddingReceiver, EmbeddingSender, TransportError
 from transport.local_frame import (
-    CHUNK, DESCS, FATAL, MAGIC, OK, PREFIX, REJECTED, VERSION, open_connection, pack_head, pack_reply, parse_address,
-    read_exactly_into, read_reply, remove_stale_socket, unlink_own_socket,
+    CHUNK,
+    DESCS,
+    FATAL,
+    MAGIC,
+    OK,
+    PREFIX,
+    REJECTED,
+    VERSION,
+    open_connection,
+    pack_head,
+    pack_reply,
+    parse_address,
+    read_exactly_into,
+    read_reply,
+    remove_stale_socket,
+    unlink_own_socket,
 )
 from transport.wire import TensorDescriptor, WireError, describe, rebuild
 

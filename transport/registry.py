@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
@@ -18,29 +19,43 @@ class _Backend:
     sender: str
     receiver: str
     package: str
-    """The pip package the backend needs beyond tierserve's own dependencies ("" if none)."""
+    """The module the backend needs beyond tierserve's own dependencies ("" if none)."""
+    install: str = ""
+    """The command that installs it (NIXL's wheel must skip its dependencies, which pull a 5.7 GB CUDA torch)."""
 
 
 _BACKENDS = {
     "local": _Backend("transport.local", "LocalSender", "LocalReceiver", ""),
-    "ucx": _Backend("transport.ucx", "UcxSender", "UcxReceiver", "ucxx"),
-    "nixl": _Backend("transport.nixl", "NixlSender", "NixlReceiver", "nixl"),
+    "tcp": _Backend("transport.tcp", "TcpSender", "TcpReceiver", ""),
+    "ucx": _Backend("transport.ucx", "UcxSender", "UcxReceiver", "ucxx", "pip install ucxx-cu12"),
+    "nixl": _Backend("transport.nixl", "NixlSender", "NixlReceiver", "nixl_cu12",
+                     "pip install --no-deps nixl-cu12==1.5.1"),
 }
+
+
+def unavailable(kind: str) -> str | None:
+    """Why backend `kind` cannot run here (naming the pip command that fixes it), or None if it can."""
+    backend = _BACKENDS.get(kind)
+    if backend is None:
+        return f"unknown transport {kind!r}; known: {sorted(_BACKENDS)}"
+    if backend.package:
+        try:
+            found = importlib.util.find_spec(backend.package) is not None
+        except (ImportError, ValueError):  # a broken or blocked install counts as missing
+            found = False
+        if not found:
+            return f"the {kind} transport needs the {backend.package} module: {backend.install}"
+    return None
 
 
 def _load(kind: str, attr: str) -> Any:
     backend = _BACKENDS.get(kind)
     if backend is None:
         raise ValueError(f"unknown transport {kind!r}; known: {sorted(_BACKENDS)}")
-    try:
-        module = importlib.import_module(backend.module)
-    except ModuleNotFoundError as e:
-        if e.name == backend.module:
-            raise TransportError(
-                f"the {kind} transport is not implemented yet in this version of tierserve (it will need the "
-                f"{backend.package} package: pip install 'tierserve[{kind}]'); use transport 'local' on one host"
-            ) from None
-        raise TransportError(f"the {kind} transport needs {e.name}: pip install 'tierserve[{kind}]'") from e
+    reason = unavailable(kind)
+    if reason is not None:
+        raise TransportError(f"{reason}; or choose transport 'tcp' (any hosts) or 'local' (one host)")
+    module = importlib.import_module(backend.module)
     return getattr(module, getattr(backend, attr))
 
 
@@ -65,7 +80,9 @@ def make_receiver(kind: str, worker_id: str, **opts: Any) -> EmbeddingReceiver:
 
     For "local": `address` if given; else tcp on a free loopback port when `tcp=True`; else a Unix socket
     from `default_local_address(worker_id, runtime_dir)`. The remaining `opts` (ttl, max_payload) go to
-    the receiver. Other backends get `worker_id` and `opts` as they are.
+    the receiver. Other backends get `worker_id` and `opts` as they are: "tcp" takes host/port/advertise
+    (default 127.0.0.1 on a free port), "ucx" and "nixl" publish their worker address / agent metadata as
+    their address and need no options (see transport/README.md for the tuning knobs).
     """
     cls = _load(kind, "receiver")
     if kind != "local":

@@ -8,11 +8,12 @@ arrival, so a torn or misrouted transfer is an error, never a silent wrong answe
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from transport.checksum import crc32
 
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8"]
 
@@ -76,7 +77,7 @@ def describe(request_id: str, name: str, tensor: torch.Tensor) -> tuple[TensorDe
         dtype=dtype_name(tensor.dtype),
         shape=tuple(tensor.shape),
         nbytes=raw.nbytes,
-        checksum=zlib.crc32(raw),
+        checksum=crc32(raw),
     )
     return desc, raw
 
@@ -89,7 +90,7 @@ def rebuild(desc: TensorDescriptor, raw: bytes | bytearray | memoryview) -> torc
     """Check bytes against the descriptor and view them as the described tensor (no copy if writable)."""
     if len(raw) != desc.nbytes:
         raise WireError(f"{desc.request_id}/{desc.name}: got {len(raw)} bytes, descriptor says {desc.nbytes}")
-    crc = zlib.crc32(raw)
+    crc = crc32(raw)
     if crc != desc.checksum:
         raise WireError(f"{desc.request_id}/{desc.name}: checksum {crc:#x} != descriptor {desc.checksum:#x}")
     writable = isinstance(raw, bytearray) or (isinstance(raw, memoryview) and not raw.readonly)

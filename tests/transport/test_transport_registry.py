@@ -1,5 +1,6 @@
 import asyncio
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 
 from transport.base import TransportError
 from transport.local import LocalReceiver, LocalSender
-from transport.registry import default_local_address, make_receiver, make_sender
+from transport.registry import default_local_address, make_receiver, make_sender, unavailable
 
 
 @pytest.fixture
@@ -20,19 +21,28 @@ def short_dir():
 
 
 def test_unknown_kind_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown transport 'rdma'; known: \['local', 'nixl', 'ucx'\]"):
+    with pytest.raises(ValueError, match=r"unknown transport 'rdma'; known: \['local', 'nixl', 'tcp', 'ucx'\]"):
         make_sender("rdma")
     with pytest.raises(ValueError, match="unknown transport 'rdma'"):
         make_receiver("rdma", "w1")
 
 
-@pytest.mark.parametrize("kind", ["ucx", "nixl"])
-def test_unimplemented_backends_say_so_and_what_they_need(kind):
-    expected = rf"{kind} transport is not implemented yet.*pip install 'tierserve\[{kind}\]'"
-    with pytest.raises(TransportError, match=expected):
+@pytest.mark.parametrize(("kind", "module", "command"), [
+    ("ucx", "ucxx", "pip install ucxx-cu12"), ("nixl", "nixl_cu12", "pip install --no-deps nixl-cu12==1.5.1")])
+def test_a_missing_package_is_named_with_its_pip_command(kind, module, command, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    assert unavailable(kind) == f"the {kind} transport needs the {module} module: {command}"
+    with pytest.raises(TransportError, match=rf"{re.escape(command)}; or choose transport 'tcp'"):
         make_sender(kind)
-    with pytest.raises(TransportError, match="not implemented yet"):
+    with pytest.raises(TransportError, match=re.escape(command)):
         make_receiver(kind, "w1")
+
+
+def test_the_cpu_backends_need_nothing_extra():
+    assert unavailable("local") is None and unavailable("tcp") is None
 
 
 def test_local_receiver_defaults_to_a_socket_per_worker(short_dir):
