@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import time
 
 from rich.console import Console
 
 from coordinator.launcher import ClusterError, ClusterSpec, LocalCluster
+from coordinator.planner.cli import add_parser as add_plan_parser
+from coordinator.planner.cli import run as run_plan
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from coordinator.redis_server import RedisNotFound, free_port
 
@@ -124,13 +127,23 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--concurrency", type=int, default=3, help="requests in flight at once (default: %(default)s)")
     demo.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default: %(default)s)")
     sub.add_parser("serve", help="run only the coordinator (see `tierserve serve --help`)", add_help=False)
+    sub.add_parser("bench", help="goodput and cost per goodput of OpenAI-compatible servers (see `tierserve bench --help`)",
+                   add_help=False)
+    add_plan_parser(sub)  # `tierserve plan`: coordinator/planner/cli.py
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
         from coordinator.serve import main as serve_main
 
         return serve_main(argv[1:])
+    if argv[:1] == ["bench"]:  # a subprocess: nothing may import `benchmarks` (DESIGN, dependency direction)
+        try:
+            return subprocess.call([sys.executable, "-m", "benchmarks.bench", *argv[1:]])
+        except KeyboardInterrupt:
+            return 130
     a = parser.parse_args(argv)
+    if a.cmd == "plan":
+        return run_plan(a)
     console = Console()
     try:
         return {"up": cmd_up, "demo": cmd_demo}[a.cmd](a, console)

@@ -7,8 +7,9 @@ Roles, and the runtime workers they become:
   D    a decode worker                                       (decode)
   P+D  a combined worker, prefill and decode on one GPU      (combined)
 An allocation is complete when every request can be served: some GPU encodes, some prefills, some
-decodes, any P or E+P has a D worker to send its KV cache to (the launcher's rule), and any D has a
-P or E+P to receive from (a combined P+D worker never hands a KV cache off).
+decodes, any P or E+P has a D worker to send its KV cache to (the launcher's rule), any D has a
+P or E+P to receive from (a combined P+D worker never hands a KV cache off), and any E has a P or P+D
+to send its prefills to (an E+P GPU's local worker only serves its own encoder).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def missing_stages(count: Callable[..., int]) -> str:
         problems.append("P and E+P send KV caches to a D worker, and there is none")
     if count("D") and count("P", "E+P") == 0:
         problems.append("D workers only take KV caches from P or E+P workers, and there are none")
+    if count("E") and count("P", "P+D") == 0:
+        problems.append("E GPUs send every prefill to a P or P+D GPU (never to another GPU's local worker), "
+                        "and there is none")
     return "; ".join(problems)
 
 

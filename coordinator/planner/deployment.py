@@ -96,6 +96,9 @@ class Deployment(BaseModel):
         if HANDOFF_ROLES & set(roles) and "D" not in roles:
             raise ValueError(f"roles {sorted(HANDOFF_ROLES & set(roles))} hand KV caches to a D node, but there is "
                              f"none (P+D never imports KV); roles given: {have}")
+        if "E" in roles and not REMOTE_PREFILL_ROLES & set(roles):
+            raise ValueError(f"E nodes send every prefill to a P or P+D node (an E+P node's local prefill worker only "
+                             f"serves its own encoder), and there is none; roles given: {have}")
         if "D" in roles and not HANDOFF_ROLES & set(roles):
             raise ValueError(f"D nodes only decode KV caches handed over by P or E+P nodes, and there is none; "
                              f"roles given: {have}")
@@ -113,7 +116,7 @@ class Deployment(BaseModel):
     @property
     def policy(self) -> PolicyConfig:
         """The run-time knobs as the admin endpoint stores them (PUT /v1/admin/policy)."""
-        return PolicyConfig(batch=self.batch, offload=self.offload)
+        return PolicyConfig(batch=self.batch, offload=self.offload, stealing=self.stealing, partition=self.partition)
 
     def node_prices(self, tier_price_per_hour: dict[str, float]) -> dict[str, float]:
         """$/h per node name from $/h per tier (what `summarize` takes)."""

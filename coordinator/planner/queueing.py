@@ -139,10 +139,15 @@ class Stage1Config(BaseModel):
     """Keep at most this many."""
     s_half_width: float = Field(0.2, ge=0, le=1)
     """Half-width of the s window around s*."""
-    rank_by: Literal["score", "cost"] = "score"
+    rank_by: Literal["score", "cost", "price"] = "score"
     """score: EAServe's max-rho (prefers the least loaded, usually the largest, layout). cost: score x
     $/h, i.e. dollars per req/s the layout sustains at its bottleneck (rho=1): tierserve's objective,
-    goodput per dollar, before stage 2 measures latency."""
+    goodput per dollar, before stage 2 measures latency. price: $/h alone (ties: lower score first):
+    at a fixed planned rate every layout that keeps up serves the same goodput, so the cheapest one
+    with enough headroom (max_score) wins; "cost" would prefer large idle layouts there."""
+    max_score: float = Field(1.0, gt=0, le=1)
+    """Drop allocations whose score reaches this (the seeds: 1, i.e. any stage at capacity); a planner
+    ranking by price sets it lower to keep latency headroom."""
 
 
 class Candidate(BaseModel):
@@ -176,7 +181,7 @@ class Stage1Result(BaseModel):
     considered: int
     """Allocations scored."""
     feasible: int
-    """Those with every rho < 1."""
+    """Those with every rho < 1 (below max_score)."""
     within_slack: int
     """Those also ranking within slack x the best."""
 
@@ -190,10 +195,10 @@ def stage1(allocations: Iterable[Allocation], rate: float, caps: Mapping[str, Ti
     for alloc in allocations:
         considered += 1
         loads = stage_loads(alloc, rate, caps, cfg.alpha)
-        if loads.score >= 1:
+        if loads.score >= cfg.max_score:
             continue
         cost = alloc.cost_per_hour(catalog)
-        rank = loads.score if cfg.rank_by == "score" else loads.score * cost
+        rank = {"score": loads.score, "cost": loads.score * cost, "price": cost}[cfg.rank_by]
         scored.append((rank, loads.score, cost, alloc.label(), alloc, loads))
     scored.sort(key=lambda item: item[:4])
     best = scored[0][0] if scored else 0.0

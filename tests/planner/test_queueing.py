@@ -124,8 +124,8 @@ def test_s_window_half_width_is_configurable():
 
 # Lambda = 2. One E GPU of A (rho_E = 0.2) plus n P+D GPUs of A (rho = 2 / (n * 20/9) = 0.9 / n):
 # scores n=1: 0.9, n=2: 0.45, n=3: 0.3, n=4: 0.225, n=5: max(0.2, 0.18) = 0.2. And one at exactly
-# rho_P = 1: rho_P = 2 / (4 * (0 + 1 * 0.5)) = 1.0.
-LADDER = [f"1xL4:E,{n}xL4:P+D" for n in range(1, 6)] + ["1xL4:E,1xL4:E+P,1xL4:D"]
+# rho_P = 1: rho_P = 2 / (4 * (0 + 1 * 0.5)) = 1.0 (an E+P GPU alone; an extra E GPU would need a P or P+D).
+LADDER = [f"1xL4:E,{n}xL4:P+D" for n in range(1, 6)] + ["1xL4:E+P,1xL4:D"]
 
 
 def run_stage1(catalog, config=None, specs=LADDER, rate=2.0):

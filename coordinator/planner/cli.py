@@ -1,0 +1,138 @@
+"""`tierserve plan`: search a deployment for a rate and an SLO, print it, write the plan file.
+
+    tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --gpus 2xRTX4090,2xA100 --model llava-1.5-7b
+    tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --budget 20 --storage sqlite:///plan.db
+
+`add_parser` registers the subcommand (importing nothing heavy, so `tierserve --help` stays fast);
+`run` does the work. Bad input never ends in a traceback: it prints what is wrong and what to do,
+and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+EXAMPLES = """examples:
+  tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --gpus 2xRTX4090,2xA100 --model llava-1.5-7b
+  tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --budget 20 --trials 30 --out plan.yaml
+  tierserve plan --rate 5 --slo ttft=5s,tpot=150ms --gpus 8xA100 --model ultravox --modality audio \\
+      --storage sqlite:///plan.db   # run again with the same flags to continue the study
+"""
+
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}
+
+
+def parse_duration(text: str, what: str) -> float:
+    """"2s", "100ms", "0.5" (seconds) -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zµ]*)\s*", text)
+    if m is None or m.group(2) not in _UNITS:
+        raise ValueError(f"cannot read {what}={text!r}; write a number with a unit: s, ms or us (e.g. 2s, 100ms)")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"{what} must be a positive time, got {text!r}")
+    return value
+
+
+def parse_slo(text: str) -> tuple[float, float]:
+    """"ttft=2s,tpot=100ms" -> (ttft_s, tpot_s); both keys are required."""
+    found: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("ttft", "tpot"):
+            raise ValueError(f"cannot read SLO part {part!r} in {text!r}; write ttft=<time>,tpot=<time>, "
+                             f"e.g. ttft=2s,tpot=100ms")
+        found[key] = parse_duration(value, key)
+    missing = [k for k in ("ttft", "tpot") if k not in found]
+    if missing:
+        raise ValueError(f"the SLO {text!r} lacks {' and '.join(missing)}; write e.g. ttft=2s,tpot=100ms")
+    return found["ttft"], found["tpot"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `plan` on the `tierserve` command's subparsers."""
+    p = subparsers.add_parser("plan", help="search the cheapest deployment meeting an SLO; write a plan file",
+                              description="Plan a deployment for an arrival rate and an SLO. HAS stage 1 (queueing\n"
+                              "model) prunes the GPU layouts; stage 2 (Optuna TPE, trials on the simulator) tunes\n"
+                              "B, s, the SM split and stealing for goodput per dollar. Prints the plan and writes\n"
+                              "the plan file.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, required=True, help="planned arrival rate, req/s (Lambda)")
+    p.add_argument("--slo", required=True, help="latency targets, e.g. ttft=2s,tpot=100ms")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--budget", type=float, help="$/h to spend; tiers are chosen from the catalog")
+    where.add_argument("--gpus", help="GPU inventory to plan on, e.g. 2xRTX4090,2xA100")
+    p.add_argument("--model", default="llava-1.5-7b",
+                   help="model preset, tiny-llava or a checkpoint dir (default: %(default)s)")
+    p.add_argument("--modality", choices=["image", "video", "audio"],
+                   help="workload modality (default: the model's first)")
+    p.add_argument("--trials", type=int, default=30, help="trial budget (default: %(default)s, as EAServe)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
+    p.add_argument("--method", choices=["has", "random", "coordinate"], default="has",
+                   help="searcher: HAS (default) or a baseline")
+    p.add_argument("--out", default="plan.yaml", help="plan file to write (default: %(default)s)")
+    p.add_argument("--storage", help="RDB URL making the HAS study resumable, e.g. sqlite:///plan.db")
+    p.add_argument("--study-name", help="study name in --storage (default: derived from the problem)")
+    p.add_argument("--requests", type=int, default=100, help="requests per trial (default: %(default)s)")
+    p.add_argument("--predict-requests", type=int, default=2000,
+                   help="requests of the final prediction run (default: %(default)s)")
+    p.add_argument("--tiers", help="with --budget: comma list of tiers to choose from (default: every GPU tier)")
+    p.add_argument("--max-gpus", type=int, default=8, help="with --budget: most GPUs (default: %(default)s)")
+    p.add_argument("--max-utilisation", type=float, default=0.85,
+                   help="stage 1 drops layouts busier than this at any stage (default: %(default)s)")
+    p.add_argument("--catalog", action="append", default=[], help="user catalog YAML merged over the built-in one")
+    p.add_argument("--host", default="node0", help="host name written for every GPU (default: %(default)s)")
+    return p
+
+
+def _request(a: argparse.Namespace):
+    from coordinator.planner.goodput import SLO
+    from coordinator.planner.planning import PlanRequest
+
+    ttft, tpot = parse_slo(a.slo)
+    for name in ("trials", "requests", "predict_requests"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if not a.rate > 0 or math.isinf(a.rate):
+        raise ValueError(f"--rate must be a positive number of requests per second, got {a.rate}")
+    if a.budget is not None and not a.budget > 0:
+        raise ValueError(f"--budget must be a positive $/h, got {a.budget}")
+    tiers = tuple(t.strip() for t in a.tiers.split(",") if t.strip()) if a.tiers else None
+    return PlanRequest(model=a.model, modality=a.modality, rate=a.rate, slo=SLO(ttft_s=ttft, tpot_s=tpot),
+                       budget_per_hour=a.budget, gpus=a.gpus, tiers=tiers, max_gpus=a.max_gpus,
+                       requests_per_trial=a.requests, prediction_requests=a.predict_requests,
+                       max_utilisation=a.max_utilisation, workload_seed=0, host=a.host,
+                       catalog_files=tuple(a.catalog))
+
+
+def run(a: argparse.Namespace) -> int:
+    """Plan, print, write; 0 on success, 2 on bad input (with the reason printed)."""
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    console = Console()
+    try:
+        from coordinator.planner.planning import make_plan, prepare, search
+        from coordinator.planner.report import print_plan, search_progress
+
+        req = _request(a)
+        with console.status("stage 1: capacities, allocations, queueing model..."):
+            ctx = prepare(req)
+        s1 = ctx.stage1
+        console.print(f"stage 1: {s1.considered} allocations, {s1.feasible} under {req.max_utilisation:.0%} load at "
+                      f"{req.rate:g} req/s, kept {len(s1.candidates)}: "
+                      + "; ".join(c.allocation.label() for c in s1.candidates))
+        with search_progress(console, a.method, a.trials) as on_trial:
+            result = search(ctx, a.method, a.trials, a.seed, a.storage, a.study_name, on_trial)
+        plan = make_plan(ctx, result, a.seed, a.storage)
+        path = plan.save(a.out)
+    except (ValueError, ValidationError, KeyError) as exc:  # PlanError, PlanFileError, StudyError are ValueErrors
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        console.print(f"[red]error:[/] {message}", highlight=False)
+        return 2
+    print_plan(console, plan, path)
+    if plan.predicted.goodput_rps == 0:
+        console.print("[yellow]warning:[/] no request met the SLO in the prediction run; loosen --slo, lower "
+                      "--rate or raise --budget")
+    return 0

@@ -1,0 +1,267 @@
+"""`tierserve plan` end to end: a planning problem -> stage 1 -> a search -> a plan file.
+
+    ctx = prepare(PlanRequest(model="llava-1.5-7b", rate=5, slo=SLO(ttft_s=2, tpot_s=0.1), gpus="2xRTX4090,2xA100"))
+    result = search(ctx, "has", trials=30)
+    plan = make_plan(ctx, result)
+
+`prepare` does everything that needs no trial: the catalog, the model, the workload and its average
+request, the allocations (within a budget or an inventory), each tier's capacities and HAS stage 1.
+Stage 1 ranks by price here (Stage1Config.rank_by="price"): at a fixed planned rate every layout that
+keeps up delivers the same goodput, so the cheapest with headroom wins; `max_utilisation` is that
+headroom. Every user mistake surfaces as a PlanError whose message says what to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from coordinator.planner.allocation import (
+    Allocation,
+    CanHost,
+    enumerate_budget,
+    enumerate_inventory,
+    parse_inventory,
+)
+from coordinator.planner.arch import ModelArch, get_arch
+from coordinator.planner.capacity import (
+    CapacityConfig,
+    RequestShape,
+    TierCapacity,
+    capacities,
+    host_check,
+)
+from coordinator.planner.catalog import Catalog, CatalogError, load_catalog
+from coordinator.planner.goodput import SLO
+from coordinator.planner.has import HasConfig, stage2
+from coordinator.planner.perf import PerfModel
+from coordinator.planner.planfile import PlanFile, PlanNode, SearchInfo, Stage1Info
+from coordinator.planner.queueing import (
+    Candidate,
+    Stage1Config,
+    Stage1Result,
+    b_max,
+    stage1,
+    stage_loads,
+)
+from coordinator.planner.scenarios import default_workload, mean_shape
+from coordinator.planner.search import (
+    OnTrial,
+    SearchResult,
+    coordinate_search,
+    random_search,
+)
+from coordinator.planner.service import Modality
+from coordinator.planner.space import KnobSpace, can_steal, full_space, s_is_a_knob
+from coordinator.planner.stopping import StoppingConfig
+from coordinator.planner.trials import (
+    SimBackend,
+    SimSettings,
+    TrialBackend,
+    TrialOutcome,
+)
+from coordinator.planner.workload import Workload
+
+Method = Literal["has", "random", "coordinate"]
+
+
+class PlanError(ValueError):
+    """The planning problem cannot be solved as asked; the message says what to change."""
+
+
+class PlanRequest(BaseModel):
+    """What to plan for."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+
+    model: str
+    """Model preset (llava-1.5-7b, ...), tiny-llava, or a LLaVA-style checkpoint directory."""
+    modality: Modality | None = None
+    """The workload's modality; None: the model's first (image for vision models)."""
+    rate: float = Field(gt=0, allow_inf_nan=False)
+    """Lambda: planned arrival rate, req/s."""
+    slo: SLO
+    """Latency targets goodput is judged by."""
+    budget_per_hour: float | None = Field(None, gt=0)
+    """Plan within this many $/h, choosing tiers from the catalog (exclusive with gpus)."""
+    gpus: str | None = None
+    """Plan on this inventory, e.g. "2xRTX4090,2xA100" (exclusive with budget_per_hour)."""
+    tiers: tuple[str, ...] | None = None
+    """Budget mode: tiers to choose from; None = every GPU tier of the catalog."""
+    max_gpus: int = Field(8, ge=2)
+    """Budget mode: most GPUs in one plan."""
+    requests_per_trial: int = Field(100, ge=1)
+    """Requests each trial replays (EAServe: 100)."""
+    prediction_requests: int = Field(2000, ge=1)
+    """Requests of the longer run the plan's prediction comes from."""
+    max_utilisation: float = Field(0.85, gt=0, le=1)
+    """Stage 1 drops layouts whose busiest stage would run above this (latency headroom)."""
+    max_num_seqs: int = Field(32, ge=1)
+    """Most sequences per LLM engine (llm_node's default 32; vLLM's is 256); memory may lower it per layout.
+    Stage 1's decode capacities use the same cap, so the queueing model and the simulator agree."""
+    workload_seed: int = 0
+    """Seed of the trial request stream (the prediction uses the next seed: traffic the search never saw)."""
+    host: str = "node0"
+    """Host name written for every GPU in the plan file (edit the file for multi-host clusters)."""
+    catalog_files: tuple[str, ...] = ()
+    """User catalog files merged over the built-in one (extra tiers, prices)."""
+    s_star: Literal["balanced", "as_stated"] = "balanced"
+    """Centre of HAS's s window. as_stated: C_remote / (C_remote + C_local), EAServe's formula as DESIGN
+    restates it (queueing.s_window). balanced: C_local / (C_remote + C_local), the local share that loads
+    local and remote prefill equally. With s the LOCAL share the stated formula sends most prefills to the
+    weaker side; the simulator agrees (benchmarks/planner_search.py runs both), hence the default."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PlanRequest:
+        if (self.budget_per_hour is None) == (self.gpus is None):
+            raise ValueError("give exactly one of a budget ($/h) or a GPU inventory (e.g. 2xRTX4090,2xA100)")
+        return self
+
+    def digest(self) -> str:
+        """Short hash of the problem: the default study name, so one storage file can hold many plans."""
+        return hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:10]
+
+
+@dataclass
+class PlanContext:
+    """Everything `prepare` worked out; searches and the plan file read it."""
+
+    request: PlanRequest
+    catalog: Catalog
+    arch: ModelArch
+    perf: PerfModel
+    workload: Workload
+    shape: RequestShape
+    can_host: CanHost
+    allocations: list[Allocation]
+    caps: dict[str, TierCapacity]
+    stage1: Stage1Result
+    feasible: list[Allocation]
+    """Allocations under the utilisation ceiling: what the baselines search."""
+    backend: SimBackend
+
+
+def _allocations(req: PlanRequest, catalog: Catalog, can_host: CanHost) -> list[Allocation]:
+    if req.gpus is not None:
+        inventory = parse_inventory(req.gpus, catalog)
+        found = enumerate_inventory(inventory, can_host)
+        if not found:
+            raise PlanError(f"no complete allocation of {req.gpus} can serve {req.model}: every request needs an "
+                            f"encode GPU and a GPU whose memory holds the LLM; add a larger GPU")
+        return found
+    tiers = list(req.tiers) if req.tiers else None
+    found = enumerate_budget(catalog, req.budget_per_hour, tiers, req.max_gpus, can_host)
+    if not found:
+        names = [catalog.resolve(t) for t in tiers] if tiers else catalog.names("gpu")
+        enc = min((catalog.tier(t).price_per_hour for t in names if can_host(t, "E")), default=math.inf)
+        llm = min((catalog.tier(t).price_per_hour for t in names if can_host(t, "P+D")), default=math.inf)
+        cheapest = ("none of the tiers holds the LLM" if math.isinf(enc + llm)
+                    else f"the cheapest costs ${enc + llm:.2f}/h")
+        raise PlanError(f"a budget of ${req.budget_per_hour:g}/h buys no complete allocation for {req.model} "
+                        f"(an encode GPU plus a GPU holding the LLM; {cheapest}); raise --budget")
+    return found
+
+
+def prepare(req: PlanRequest) -> PlanContext:
+    """Stage 1 and everything before it; raises PlanError on any problem with the request."""
+    try:
+        catalog = load_catalog(*req.catalog_files)
+        arch = get_arch(req.model)
+        modality = req.modality or arch.modalities()[0]
+        workload = default_workload(arch, modality, req.rate)
+        shape = mean_shape(workload, seed=req.workload_seed)
+        can_host = host_check(catalog, arch, shape)
+        allocations = _allocations(req, catalog, can_host)
+    except (CatalogError, KeyError, ValueError, ValidationError) as exc:
+        if isinstance(exc, PlanError):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise PlanError(message.replace("load_catalog(path)", "--catalog FILE")) from None
+    for tier in sorted({g.tier for a in allocations for g in a.groups}):
+        if catalog.tier(tier).price_per_hour <= 0:
+            raise PlanError(f"tier {tier} costs $0/h, so goodput per dollar is unbounded; give it a price in a "
+                            f"user catalog file (--catalog)")
+    perf = PerfModel(catalog, arch)
+    tiers = sorted({g.tier for a in allocations for g in a.groups})
+    caps = capacities(perf, catalog, arch, tiers, shape,
+                      CapacityConfig(tpot_slo_s=req.slo.tpot_s, max_decode_batch=req.max_num_seqs))
+    cfg = Stage1Config(rank_by="price", max_score=req.max_utilisation)
+    result = stage1(allocations, req.rate, caps, catalog, cfg)
+    feasible = [a for a in allocations if stage_loads(a, req.rate, caps, cfg.alpha).score < cfg.max_score]
+    if not result.candidates:
+        best = min(allocations, key=lambda a: stage_loads(a, req.rate, caps, cfg.alpha).score)
+        loads = stage_loads(best, req.rate, caps, cfg.alpha)
+        raise PlanError(f"no allocation keeps every stage under {req.max_utilisation:.0%} busy at {req.rate:g} req/s: "
+                        f"the least loaded, {best.label()}, has rho_E={loads.rho_e:.2f} rho_P={loads.rho_p:.2f} "
+                        f"rho_D={loads.rho_d:.2f}; lower --rate, add GPUs or raise --budget")
+    backend = SimBackend(catalog, arch, perf, workload, req.slo, shape, SimSettings(
+        requests=req.requests_per_trial, workload_seed=req.workload_seed, host=req.host, max_num_seqs=req.max_num_seqs))
+    return PlanContext(req, catalog, arch, perf, workload, shape, can_host, allocations, caps, result, feasible,
+                       backend)
+
+
+def s_seed(candidate: Candidate, rule: Literal["balanced", "as_stated"],
+           half_width: float = 0.2) -> tuple[tuple[float, float], float]:
+    """(window, centre) of s for a stage-1 survivor; see PlanRequest.s_star."""
+    if rule == "as_stated":
+        return candidate.s_range, candidate.s_star
+    local, remote = candidate.loads.c_local, candidate.loads.c_remote
+    star = local / (local + remote) if local + remote > 0 else 0.0
+    return (max(0.0, star - half_width), min(1.0, star + half_width)), star
+
+
+def has_spaces(ctx: PlanContext) -> list[KnobSpace]:
+    """The survivors of stage 1 with their seeded ranges."""
+    spaces = []
+    for c in ctx.stage1.candidates:
+        window, star = s_seed(c, ctx.request.s_star) if s_is_a_knob(c.allocation) else (None, None)
+        spaces.append(KnobSpace(allocation=c.allocation, b_max=c.b_max, s_range=window, s_star=star,
+                                can_steal=can_steal(c.allocation, ctx.can_host)))
+    return spaces
+
+
+def baseline_spaces(ctx: PlanContext) -> list[KnobSpace]:
+    """Every feasible allocation, unpruned ranges (B up to ceil(Lambda), s in [0, 1])."""
+    cap = b_max(ctx.request.rate, 1)
+    return [full_space(a, cap, ctx.can_host) for a in ctx.feasible]
+
+
+def search(ctx: PlanContext, method: Method = "has", trials: int = 30, seed: int = 0, storage: str | None = None,
+           study_name: str | None = None, on_trial: OnTrial | None = None, stopping: StoppingConfig | None = None,
+           backend: TrialBackend | None = None) -> SearchResult:
+    """Run one searcher with `trials` trials on `backend` (default: the simulator)."""
+    backend = backend or ctx.backend
+    if method == "has":
+        name = study_name or f"plan-{ctx.request.digest()}-seed{seed}"
+        cfg = HasConfig(trials=trials, seed=seed, storage=storage, study_name=name,
+                        stopping=stopping or StoppingConfig())
+        return stage2(has_spaces(ctx), backend, cfg, on_trial)
+    if storage is not None:
+        raise PlanError(f"--storage resumes HAS studies only; the {method} baseline keeps no study")
+    searcher = random_search if method == "random" else coordinate_search
+    return searcher(baseline_spaces(ctx), backend, trials, seed, on_trial)
+
+
+def make_plan(ctx: PlanContext, result: SearchResult, seed: int = 0, storage: str | None = None) -> PlanFile:
+    """The winner as a plan file, its prediction re-simulated on `prediction_requests` unseen requests."""
+    req = ctx.request
+    best = result.best()
+    dep, summary = ctx.backend.run(best.config, requests=req.prediction_requests, seed=req.workload_seed + 1)
+    predicted = TrialOutcome.from_summary(summary, best.config.allocation.cost_per_hour(ctx.catalog), "sim")
+    nodes = [PlanNode(host=req.host, gpu_index=i, tier=n.tier, role=n.role, tpcs=n.tpcs)
+             for i, n in enumerate(dep.nodes)]
+    prices = {t: ctx.catalog.tier(t).price_per_hour for t in sorted({n.tier for n in nodes})}
+    stage1_info = Stage1Info(considered=ctx.stage1.considered, feasible=ctx.stage1.feasible,
+                             kept=[c.allocation.label() for c in ctx.stage1.candidates])
+    info = SearchInfo(method=result.method, backend=best.outcome.backend, trials=len(result.records),
+                      budget=result.budget, stop_reason=result.stop_reason, seed=seed, storage=storage,
+                      requests_per_trial=req.requests_per_trial, best_trial=best.number,
+                      best_trial_objective=best.outcome.objective,
+                      stage1=stage1_info if result.method == "has" else None)
+    return PlanFile(model=ctx.arch.name, modality=ctx.shape.modality, nodes=nodes, policy=best.config.knobs.policy(),
+                    engine=dep.engine, slo=req.slo, workload=ctx.workload, prices=prices, predicted=predicted,
+                    search=info)

@@ -1,0 +1,87 @@
+"""`tierserve plan`: the happy path writes a loadable plan; bad input exits 2 with a message, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.planner.cli import parse_duration, parse_slo
+from coordinator.planner.planfile import load_plan
+
+FAST = ["--trials", "4", "--requests", "30", "--predict-requests", "60"]
+BASE = ["plan", "--rate", "4", "--slo", "ttft=2s,tpot=100ms", *FAST]
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str]:
+    code = main([*BASE, *args])
+    captured = capsys.readouterr()
+    return code, " ".join((captured.out + captured.err).split())  # rich wraps lines at the terminal width
+
+
+@pytest.mark.parametrize("text,seconds", [("2s", 2.0), ("100ms", 0.1), ("0.5", 0.5), ("250 us", 250e-6),
+                                          ("1e-1s", 0.1)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text, "ttft") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("ttft=2parsecs,tpot=1ms", "cannot read ttft='2parsecs'"),
+    ("ttft=2s", "lacks tpot"),
+    ("ttft=0s,tpot=1ms", "must be a positive time"),
+    ("latency=2s,tpot=1ms", "cannot read SLO part 'latency=2s'"),
+    ("", "lacks ttft and tpot"),
+])
+def test_parse_slo_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_slo(text)
+    assert parse_slo("TPOT=100ms, ttft=2s") == pytest.approx((2.0, 0.1))
+
+
+def test_plan_prints_the_plan_and_writes_the_file(capsys, tmp_path):
+    out_file = tmp_path / "plan.yaml"
+    code, out = run_cli(capsys, "--gpus", "2xRTX4090,2xA100", "--model", "llava-1.5-7b", "--out", str(out_file))
+    assert code == 0, out
+    for needle in ("stage 1:", "plan for llava-1.5-7b (image) at 4 req/s", "goodput", "cost per goodput",
+                   f"plan written to {out_file}"):
+        assert needle in out, needle
+    plan = load_plan(out_file)
+    assert plan.search.budget == 4 and plan.predicted.requests == 60
+
+
+def test_budget_mode_and_resumed_storage(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    first = tmp_path / "a.yaml"
+    code, out = run_cli(capsys, "--budget", "6", "--storage", url, "--out", str(first), "--trials", "2")
+    assert code == 0, out
+    assert load_plan(first).search.trials == 2
+    second = tmp_path / "b.yaml"
+    code, out = run_cli(capsys, "--budget", "6", "--storage", url, "--out", str(second), "--trials", "3")
+    assert code == 0, out
+    assert load_plan(second).search.trials == 3  # continued the stored study: 2 earlier trials + 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus", "2xB300,2xA100"], "error: unknown GPU tier 'B300'"),
+    (["--gpus", "2xA100", "--slo", "ttft=fast,tpot=1ms"], "error: cannot read ttft='fast'"),
+    (["--budget", "0.5", "--tiers", "L4"], "error: a budget of $0.5/h buys no complete allocation"),
+    (["--budget", "1", "--rate", "8"], "error: no allocation keeps every stage under 85% busy"),
+    (["--gpus", "2xA100", "--modality", "video"], "error: model 'llava-1.5-7b' has no video workload"),
+    (["--gpus", "2xA100", "--storage", "notaurl"], "error: cannot open the study storage 'notaurl'"),
+    (["--gpus", "2xA100", "--method", "random", "--storage", "sqlite:///x.db"], "resumes HAS studies only"),
+    (["--gpus", "2xA100", "--trials", "0"], "error: --trials must be at least 1"),
+])
+def test_bad_input_exits_2_with_a_message(capsys, tmp_path, args, message):
+    code, out = run_cli(capsys, *args, "--out", str(tmp_path / "p.yaml"))
+    assert code == 2 and message in out and "Traceback" not in out, out
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_console_script_exits_nonzero_without_a_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", *BASE, "--gpus", "3xNOPE",
+                           "--out", str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2
+    assert "unknown GPU tier 'NOPE'" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
