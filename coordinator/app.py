@@ -48,7 +48,10 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
             registry=WorkerRegistry(client, keys, config.heartbeat_ttl_s), dispatcher=dispatcher,
             prompts=PromptBuilder.from_model_dir(config.model_dir, MediaLimits(
                 max_image_bytes=config.max_image_bytes, max_images_per_request=config.max_images_per_request,
-                max_image_pixels=config.max_image_pixels, allowed_local_dirs=config.allowed_local_dirs)),
+                max_image_pixels=config.max_image_pixels, allowed_local_dirs=config.allowed_local_dirs,
+                max_video_frames=config.max_video_frames, max_video_bytes=config.max_video_bytes,
+                max_videos_per_request=config.max_videos_per_request, max_audio_bytes=config.max_audio_bytes,
+                max_audio_seconds=config.max_audio_seconds, max_audios_per_request=config.max_audios_per_request)),
             metrics=metrics, started_at=time.time(), policy=config.policy,
         )
         await client.set(keys.policy, config.policy.model_dump_json())

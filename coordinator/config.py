@@ -26,6 +26,13 @@ class CoordinatorConfig(BaseModel):
     max_images_per_request: int = Field(4, ge=0)
     max_image_pixels: int = Field(16 * 1024 * 1024, ge=1)
     """Largest width*height; a decoded RGB image costs 3 bytes a pixel on the encode worker."""
+    max_video_frames: int = Field(32, ge=1)
+    max_video_bytes: int = Field(32 * 1024 * 1024, ge=1)
+    max_videos_per_request: int = Field(1, ge=0)
+    max_audio_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    max_audio_seconds: float = Field(30.0, gt=0)
+    """The model's own window (e.g. Whisper's 30 s) caps it further."""
+    max_audios_per_request: int = Field(4, ge=0)
     allowed_local_dirs: tuple[Path, ...] = ()
     """Directories from which `image_url` may name local files; empty means no local files."""
     media_ttl_s: int = Field(300, ge=1)

@@ -1,8 +1,10 @@
-"""Per-encode-worker micro-batch queues, released onto the workers' job streams by a policy object.
+"""Per-(encode worker, modality) micro-batch queues, released onto the workers' job streams by policies.
 
-The policy (coordinator/policies) decides when; this module only keeps the FIFO, asks at every
+The policy (coordinator/policies) decides when; this module only keeps the FIFOs, asks at every
 arrival and at the policy's deadline, and writes each released micro-batch as ONE stream entry, so
-the encode worker runs exactly the batch the policy formed.
+the encode worker runs exactly the batch the policy formed. A micro-batch holds one modality (one
+encoder path, one forward), so each worker has one queue and one policy instance per modality: the
+policy sees that modality's arrival rate, which is what its batch timing is about.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from redis.asyncio import Redis
 from coordinator.metrics import Metrics
 from coordinator.policies.base import Arrival, BatchPolicy, BatchPolicyConfig
 from coordinator.protocol.keys import Keys
-from coordinator.protocol.messages import EncodeBatch, EncodeJob
+from coordinator.protocol.messages import EncodeBatch, EncodeJob, Modality
 from coordinator.protocol.streams import FIELD
 
 log = logging.getLogger(__name__)
+QueueKey = tuple[str, Modality]
+"""(encode worker id, modality): one FIFO, one policy, one deadline timer."""
 
 
 class EncodeDispatcher:
@@ -34,67 +38,73 @@ class EncodeDispatcher:
         self.make_policy = make_policy
         self.metrics = metrics
         self.clock = clock
-        self.queues: dict[str, deque[EncodeJob]] = {}
-        self.policies: dict[str, BatchPolicy] = {}
-        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.queues: dict[QueueKey, deque[EncodeJob]] = {}
+        self.policies: dict[QueueKey, BatchPolicy] = {}
+        self.timers: dict[QueueKey, asyncio.TimerHandle] = {}
         self._polls: set[asyncio.Task] = set()
 
     async def submit(self, worker_id: str, job: EncodeJob) -> None:
-        if worker_id not in self.policies:
-            self.policies[worker_id] = self.make_policy(self.config)
-        self.queues.setdefault(worker_id, deque()).append(job)
-        self.policies[worker_id].observe(Arrival(job.request_id), self.clock())
-        await self.poll(worker_id)
+        key = (worker_id, job.modality)
+        if key not in self.policies:
+            self.policies[key] = self.make_policy(self.config)
+        self.queues.setdefault(key, deque()).append(job)
+        self.policies[key].observe(Arrival(job.request_id), self.clock())
+        await self.poll(key)
 
     async def reconfigure(self, config: BatchPolicyConfig) -> None:
         """Apply new knobs: what is queued goes out now (in batches of at most the old B), then the
         next arrival of each worker starts a fresh policy."""
         old, self.config = self.config, config
-        for worker_id, queue in self.queues.items():
+        for key, queue in self.queues.items():
             while queue:
-                await self._release(worker_id, [queue.popleft() for _ in range(min(old.max_batch, len(queue)))])
+                await self._release(key, [queue.popleft() for _ in range(min(old.max_batch, len(queue)))])
         for handle in self.timers.values():
             handle.cancel()
         self.timers.clear()
         self.policies.clear()
 
-    async def poll(self, worker_id: str) -> None:
-        policy, queue = self.policies[worker_id], self.queues[worker_id]
+    async def poll(self, key: QueueKey) -> None:
+        policy, queue = self.policies[key], self.queues[key]
         now = self.clock()
         batches = [[queue.popleft() for _ in range(min(r.count, len(queue)))] for r in policy.decide(now)]
-        self._observe(worker_id, policy, len(queue))
-        self._arm(worker_id, policy.next_deadline(now), now)
+        self._observe(key, policy)
+        self._arm(key, policy.next_deadline(now), now)
         for batch in batches:
             if batch:
-                await self._release(worker_id, batch)
+                await self._release(key, batch)
 
-    async def _release(self, worker_id: str, batch: list[EncodeJob]) -> None:
-        await self.redis.xadd(self.keys.jobs(worker_id), {FIELD: EncodeBatch(jobs=batch).model_dump_json()})
+    async def _release(self, key: QueueKey, batch: list[EncodeJob]) -> None:
+        await self.redis.xadd(self.keys.jobs(key[0]), {FIELD: EncodeBatch(jobs=batch).model_dump_json()})
         if self.metrics is not None:
             self.metrics.encode_batch.observe(len(batch))
 
-    def _observe(self, worker_id: str, policy: BatchPolicy, queued: int) -> None:
+    def _observe(self, key: QueueKey, policy: BatchPolicy) -> None:
+        """Queue length per worker (all modalities); rate and g of the modality's policy, labelled
+        "worker" for images (as before modalities existed) and "worker/modality" otherwise."""
         if self.metrics is None:
             return
-        self.metrics.dispatch_queue.labels(worker_id).set(queued)
+        worker_id, modality = key
+        self.metrics.dispatch_queue.labels(worker_id).set(
+            sum(len(q) for (w, _), q in self.queues.items() if w == worker_id))
+        label = worker_id if modality == "image" else f"{worker_id}/{modality}"
         rate, g = getattr(policy, "rate", None), getattr(policy, "idle_threshold", None)
         if rate is not None:
-            self.metrics.arrival_rate.labels(worker_id).set(rate)
+            self.metrics.arrival_rate.labels(label).set(rate)
         if g is not None:
-            self.metrics.idle_threshold.labels(worker_id).set(g)
+            self.metrics.idle_threshold.labels(label).set(g)
 
-    def _arm(self, worker_id: str, deadline: float | None, now: float) -> None:
-        old = self.timers.pop(worker_id, None)
+    def _arm(self, key: QueueKey, deadline: float | None, now: float) -> None:
+        old = self.timers.pop(key, None)
         if old is not None:
             old.cancel()
         if deadline is not None:
             loop = asyncio.get_running_loop()
-            self.timers[worker_id] = loop.call_later(max(0.0, deadline - now), self._poll_later, worker_id)
+            self.timers[key] = loop.call_later(max(0.0, deadline - now), self._poll_later, key)
 
-    def _poll_later(self, worker_id: str) -> None:
-        if worker_id not in self.policies:  # reconfigured meanwhile
+    def _poll_later(self, key: QueueKey) -> None:
+        if key not in self.policies:  # reconfigured meanwhile
             return
-        task = asyncio.ensure_future(self.poll(worker_id))
+        task = asyncio.ensure_future(self.poll(key))
         self._polls.add(task)
         task.add_done_callback(self._done)
 

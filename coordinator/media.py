@@ -45,6 +45,22 @@ class MediaLimits(BaseModel):
     (--allowed-local-media-dir, repeatable)."""
     allowed_formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
     """PIL format names accepted; others are refused without being parsed further."""
+    max_video_frames: int = Field(32, ge=1)
+    """Most frames in one video (a frame list over it is refused; an animation is sampled down to it)
+    (--max-video-frames)."""
+    max_video_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    """Largest video: all its encoded frames together, or the animation file (--max-video-bytes)."""
+    max_videos_per_request: int = Field(1, ge=0)
+    """Most videos in one request (--max-videos-per-request)."""
+    max_audio_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    """Largest encoded clip, after base64 decoding (--max-audio-bytes)."""
+    max_audio_seconds: float = Field(30.0, gt=0)
+    """Longest clip; the model's own window (Whisper features: 30 s) may be shorter and then wins
+    (--max-audio-seconds)."""
+    min_audio_seconds: float = Field(0.1, gt=0)
+    """Shortest clip: below a few mel frames an encoder yields no embedding at all."""
+    max_audios_per_request: int = Field(4, ge=0)
+    """Most input_audio parts in one request (--max-audios-per-request)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +164,7 @@ def _read_file(path: Path, limits: MediaLimits, param: str | None) -> bytes:
 
 
 def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None) -> ImageInput:
-    """Prove `data` is an image of an allowed format and size without decoding its pixels."""
+    """Prove `data` is a whole image of an allowed format and size (its pixels decode)."""
     if not data:
         raise MediaError("image is empty", param)
     if len(data) > limits.max_image_bytes:
@@ -164,6 +180,10 @@ def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None
                     param,
                 )
             im.verify()
+        # verify() checks structure only; a truncated JPEG passes it. Decoding the pixels (bounded by
+        # max_image_pixels above) makes a truncated image a 400 here rather than a failure on the encoder.
+        with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
+            im.load()
     except MediaError:
         raise
     except Image.DecompressionBombError:

@@ -1,20 +1,24 @@
 """From an OpenAI chat request to the exact token ids the model's own processor would produce.
 
 The coordinator tokenizes once, up front, so every later hop (encode, prefill, decode) works on ids,
-and the prompt length is known before any GPU work is queued. Images are counted, loaded and checked
-here; the encoder later produces one embedding per image token this module inserted.
+and the prompt length is known before any GPU work is queued. Media (images, videos, audio clips) are
+loaded, checked and counted here; the encoder later produces one embedding per placeholder token this
+module inserted.
 """
 
 from __future__ import annotations
 
+import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.api.schema import ChatCompletionRequest, ImageURLPart, InputAudioPart, TextPart, VideoPart
+from coordinator.api.schema import ChatCompletionRequest, ImageURLPart, InputAudioPart, TextPart
 from coordinator.errors import RequestError
-from coordinator.media import ImageInput, MediaLimits, load_image
+from coordinator.media import ImageInput, MediaLimits
+from coordinator.media_loading import MediaPayload, load_media
+from coordinator.modalities import ProcessorView, load_processor
 from coordinator.protocol.messages import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16
@@ -27,13 +31,15 @@ _NO_LIMIT = 10**7
 @dataclass(frozen=True)
 class BuiltPrompt:
     prompt_token_ids: list[int]
-    """Template rendered, each image placeholder expanded to its image tokens, tokenized."""
+    """Template rendered, each media placeholder expanded to its tokens, tokenized."""
     images: list[ImageInput]
     """Validated images in prompt order; the n-th run of image tokens belongs to the n-th image."""
     num_image_tokens: int
-    """Image tokens in prompt_token_ids, over all images."""
+    """Media placeholder tokens in prompt_token_ids, over all items (images, videos or audio)."""
     prompt_text: str
-    """The rendered chat template before expansion (one placeholder per image), for logs."""
+    """The rendered chat template before expansion (one placeholder per item), for logs."""
+    media: list[MediaPayload] = field(default_factory=list)
+    """Every media item in prompt order, all of one modality."""
 
 
 def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: float = 1.0) -> SamplingParams:
@@ -63,23 +69,31 @@ def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: fl
                           ignore_eos=req.ignore_eos)
 
 
+def _describe(media: list[MediaPayload]) -> str:
+    """"1 image", "2 audio clips"... ("" without media), for length errors."""
+    if not media:
+        return ""
+    kind, n = media[0].modality, len(media)
+    noun = {"image": "image", "video": "video", "audio": "audio clip"}[kind]
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def _max_tokens_param(req: ChatCompletionRequest) -> str:
     return "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
 
 
 class PromptBuilder:
-    """Renders and tokenizes requests with one model's processor (chat template, tokenizer, image size).
+    """Renders and tokenizes requests with one model's processor (chat template, tokenizer, media sizes).
 
-    `max_model_len` bounds prompt + completion; by default the tokenizer's model_max_length.
+    `max_model_len` bounds prompt + completion; by default the tokenizer's model_max_length. A request
+    carries media of one modality (image, video or audio), which the model must take.
     """
 
     def __init__(self, processor: Any, limits: MediaLimits | None = None, max_model_len: int | None = None):
-        if not hasattr(processor, "_get_num_multimodal_tokens") or not getattr(processor, "image_token", None):
-            name = type(processor).__name__
-            raise TypeError(f"{name} cannot say how many tokens an image takes; need a LLaVA-style processor")
+        self.view = ProcessorView(processor)
         self.processor = processor
-        self.tokenizer = processor.tokenizer
-        self.image_token: str = processor.image_token
+        self.tokenizer = self.view.tokenizer
+        self.image_token: str | None = self.view.placeholders.get("image")
         self.limits = limits or MediaLimits()
         if max_model_len is None:
             known = getattr(self.tokenizer, "model_max_length", None)
@@ -91,41 +105,57 @@ class PromptBuilder:
     @classmethod
     def from_model_dir(cls, model_dir: Path | str, limits: MediaLimits | None = None) -> PromptBuilder:
         """Processor and context length (text config's max_position_embeddings) from a checkpoint."""
-        from transformers import AutoConfig, AutoProcessor
+        from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(model_dir)
         max_pos = getattr(config.get_text_config(), "max_position_embeddings", None)
-        return cls(AutoProcessor.from_pretrained(model_dir), limits, max_pos)
+        return cls(load_processor(model_dir), limits, max_pos)
+
+    @property
+    def modalities(self) -> list[str]:
+        return list(self.view.placeholders)
 
     def build(self, req: ChatCompletionRequest) -> BuiltPrompt:
-        """Validate `req`, load its images, and tokenize it exactly as `processor(text, images)` would."""
+        """Validate `req`, load its media, and tokenize it exactly as the model's processor would."""
         sampling = sampling_from_request(req)
-        messages, image_urls = self._template_messages(req)
-        if len(image_urls) > self.limits.max_images_per_request:
-            raise RequestError(
-                f"request has {len(image_urls)} images; the limit is "
-                f"{self.limits.max_images_per_request} (--max-images-per-request)",
-                "messages",
-            )
-        images = [load_image(url, self.limits, param) for url, param in image_urls]
+        messages, parts = self._template_messages(req)
+        self._check_counts(parts)
+        loaded = load_media(parts, self.limits, self.view)
         text = self._render(messages)
-        pieces = text.split(self.image_token)
-        if len(pieces) - 1 != len(images):  # text parts that only form the placeholder once joined
-            raise RequestError(f"the text spells the image placeholder {self.image_token!r}; "
-                               "remove it (images go in image_url parts)", "messages")
-        counts = self._image_token_counts(images)
-        expanded = pieces[0] + "".join(self.image_token * n + p for n, p in zip(counts, pieces[1:]))
+        tokens = {m: re.escape(t) for m, t in self.view.placeholders.items()}
+        pieces = re.split(f"({'|'.join(tokens.values())})", text)
+        spelled = pieces[1::2]
+        if spelled != [self.view.placeholders[m] for m, *_ in parts]:  # text parts that only form it once joined
+            raise RequestError(f"the text spells a media placeholder ({', '.join(self.view.placeholders.values())}); "
+                               "remove it (media go in image_url, video or input_audio parts)", "messages")
+        expanded = pieces[0] + "".join(tok * item.num_tokens + after
+                                       for tok, item, after in zip(spelled, loaded.media, pieces[2::2]))
         with self._tokenizer_lock:
             ids: list[int] = self.tokenizer(expanded)["input_ids"]
-        self._check_length(req, len(ids), sum(counts), len(images), sampling.max_tokens)
-        return BuiltPrompt(prompt_token_ids=ids, images=images, num_image_tokens=sum(counts), prompt_text=text)
+        n_media = sum(item.num_tokens for item in loaded.media)
+        self._check_length(req, len(ids), n_media, _describe(loaded.media), sampling.max_tokens)
+        return BuiltPrompt(prompt_token_ids=ids, images=loaded.images, num_image_tokens=n_media, prompt_text=text,
+                           media=loaded.media)
 
-    def _template_messages(self, req: ChatCompletionRequest) -> tuple[list[dict], list[tuple[str, str]]]:
-        """Messages in the chat template's form, and each image's (url, param) in prompt order."""
+    def _check_counts(self, parts: list[tuple[str, Any, str]]) -> None:
+        kinds = sorted({m for m, *_ in parts})
+        if len(kinds) > 1:
+            raise RequestError(f"request mixes {' and '.join(kinds)}; send one modality per request (an encoder "
+                               "micro-batch holds one)", "messages")
+        limits = {"image": (self.limits.max_images_per_request, "images", "--max-images-per-request"),
+                  "video": (self.limits.max_videos_per_request, "videos", "--max-videos-per-request"),
+                  "audio": (self.limits.max_audios_per_request, "audio clips", "--max-audios-per-request")}
+        for kind in kinds:
+            limit, what, flag = limits[kind]
+            if len(parts) > limit:
+                raise RequestError(f"request has {len(parts)} {what}; the limit is {limit} ({flag})", "messages")
+
+    def _template_messages(self, req: ChatCompletionRequest) -> tuple[list[dict], list[tuple[str, Any, str]]]:
+        """Messages in the chat template's form, and each media part's (modality, part, param) in prompt order."""
         if not req.messages:
             raise RequestError("messages must contain at least one message", "messages")
         out: list[dict] = []
-        images: list[tuple[str, str]] = []
+        media: list[tuple[str, Any, str]] = []
         has_user_content = False
         for i, msg in enumerate(req.messages):
             where = f"messages[{i}].content"
@@ -143,46 +173,55 @@ class PromptBuilder:
                     self._check_text(part.text, f"{param}.text")
                     has_user_content |= role == "user" and bool(part.text.strip())
                     parts.append({"type": "text", "text": part.text})
-                elif isinstance(part, ImageURLPart):
-                    if role != "user":
-                        raise RequestError(f"images are only accepted in user messages, not {msg.role}", param)
-                    images.append((part.image_url.url, f"{param}.image_url.url"))
-                    has_user_content = True
-                    parts.append({"type": "image"})
-                elif isinstance(part, InputAudioPart):
-                    raise RequestError("audio encoder not configured: this deployment serves no audio "
-                                       "encoder yet, so input_audio parts cannot be answered", param)
-                elif isinstance(part, VideoPart):
-                    raise RequestError("video input is not supported yet; send the frames as image_url parts", param)
+                    continue
+                kind = "image" if isinstance(part, ImageURLPart) else "audio" if isinstance(part, InputAudioPart) \
+                    else "video"
+                self._check_modality(kind, param)
+                if role != "user":
+                    what = {"image": "images", "video": "videos", "audio": "audio clips"}[kind]
+                    raise RequestError(f"{what} are only accepted in user messages, not {msg.role}", param)
+                media.append((kind, part, param))
+                has_user_content = True
+                parts.append({"type": kind})
             out.append({"role": role, "content": parts})
         if not has_user_content:
-            raise RequestError("messages must include a user message with text or an image", "messages")
-        return out, images
+            what = "text or an image" if self.modalities == ["image"] else "text or media"
+            raise RequestError(f"messages must include a user message with {what}", "messages")
+        return out, media
+
+    def _check_modality(self, kind: str, param: str) -> None:
+        if kind in self.view.placeholders:
+            return
+        takes = " and ".join(self.modalities)
+        if kind == "audio":
+            raise RequestError(f"audio encoder not configured: this model takes {takes} input, so input_audio "
+                               "parts cannot be answered; serve an audio model (e.g. Qwen2-Audio)", param)
+        if kind == "video" and "image" in self.view.placeholders:
+            raise RequestError("video input is not supported by this model; send the frames as image_url parts",
+                               param)
+        raise RequestError(f"{kind} input is not supported by this model; it takes {takes} input", param)
 
     def _check_text(self, text: str, param: str) -> None:
-        # A literal placeholder in client text would be taken for an image with no pixels behind it.
-        if self.image_token in text:
-            raise RequestError(f"text must not contain {self.image_token!r}; send images as image_url parts", param)
+        # A literal placeholder in client text would be taken for media with nothing behind it.
+        for kind, token in self.view.placeholders.items():
+            if token in text:
+                how = {"image": "images as image_url parts", "video": "videos as video parts",
+                       "audio": "audio as input_audio parts"}[kind]
+                raise RequestError(f"text must not contain {token!r}; send {how}", param)
 
     def _render(self, messages: list[dict]) -> str:
         from jinja2 import TemplateError
 
         try:
-            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.view.render(messages)
         except TemplateError as e:  # templates may raise_exception() on e.g. role order
             raise RequestError(f"the model's chat template rejected the messages: {e}", "messages") from None
 
-    def _image_token_counts(self, images: list[ImageInput]) -> list[int]:
-        if not images:
-            return []
-        sizes = [(im.height, im.width) for im in images]
-        return list(self.processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens)
-
-    def _check_length(self, req: ChatCompletionRequest, n: int, n_img: int, images: int, max_tokens: int) -> None:
+    def _check_length(self, req: ChatCompletionRequest, n: int, n_media: int, items: str, max_tokens: int) -> None:
         limit = self.max_model_len
         if limit is None:
             return
-        detail = f" ({n_img} of them for {images} image{'s' if images != 1 else ''})" if images else ""
+        detail = f" ({n_media} of them for {items})" if items else ""
         if n >= limit:
             raise RequestError(
                 f"prompt is {n} tokens{detail}; the model's context is {limit} tokens, "

@@ -23,6 +23,13 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-image-bytes", type=int, default=8 * 1024 * 1024, help="largest accepted image")
     p.add_argument("--max-images-per-request", type=int, default=4, help="most images in one request")
     p.add_argument("--max-image-pixels", type=int, default=16 * 1024 * 1024, help="largest width*height accepted")
+    p.add_argument("--max-video-frames", type=int, default=32, help="most frames in one video")
+    p.add_argument("--max-video-bytes", type=int, default=32 * 1024 * 1024, help="largest video (all frames)")
+    p.add_argument("--max-videos-per-request", type=int, default=1, help="most videos in one request")
+    p.add_argument("--max-audio-bytes", type=int, default=16 * 1024 * 1024, help="largest encoded audio clip")
+    p.add_argument("--max-audio-seconds", type=float, default=30.0,
+                   help="longest audio clip (the model's window caps it further)")
+    p.add_argument("--max-audios-per-request", type=int, default=4, help="most audio clips in one request")
     p.add_argument("--allowed-local-media-dir", type=Path, action="append", default=[],
                    help="directory image_url may name local files under (repeatable)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
@@ -50,7 +57,9 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
     return CoordinatorConfig(
         redis_url=redis_url, key_prefix=a.key_prefix, host=a.host, port=a.port, model_dir=a.model,
         model_name=a.model_name, max_image_bytes=a.max_image_bytes, max_images_per_request=a.max_images_per_request,
-        max_image_pixels=a.max_image_pixels,
+        max_image_pixels=a.max_image_pixels, max_video_frames=a.max_video_frames, max_video_bytes=a.max_video_bytes,
+        max_videos_per_request=a.max_videos_per_request, max_audio_bytes=a.max_audio_bytes,
+        max_audio_seconds=a.max_audio_seconds, max_audios_per_request=a.max_audios_per_request,
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
         admin_token=a.admin_token, policy=PolicyConfig(batch=BatchPolicyConfig(
             name=a.batch_policy, max_batch=a.max_batch, fill_probability=a.fill_probability, max_wait_s=a.max_wait,

@@ -7,6 +7,7 @@ from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.messages import (
     EncodeJob,
     MediaRef,
+    Modality,
     PrefillJob,
     SamplingParams,
     Timing,
@@ -27,27 +28,28 @@ def text_targets(alive: list[WorkerStatus], policy: PolicyConfig) -> list[Worker
     return remote or local or (steal if policy.stealing.enabled else [])
 
 
-async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], images: list[bytes],
+async def submit(state: AppState, request_id: str, prompt_token_ids: list[int], media: list[tuple[Modality, bytes]],
                  sampling: SamplingParams, received: float) -> list[str]:
-    """Images go to an encode worker (media stored under TTL keys); text-only straight to an LLM worker.
+    """Media (one modality) go to an encode worker (stored under TTL keys); text-only straight to an LLM worker.
 
     Returns the Redis keys to delete once the request is over.
     """
     state.counter += 1
     arrival = received
     timing = Timing(marks={"received": received})
-    if images:
+    if media:
         target = least_loaded(await state.registry.alive(frozenset({"encode"})), state.counter)
         if target is None:
             raise RequestError("no encode worker is alive; start one (tierserve up --encode 1) and retry",
                                status=503, code="no_encode_worker")
-        keys = [state.keys.media(request_id, i) for i in range(len(images))]
+        keys = [state.keys.media(request_id, i) for i in range(len(media))]
         pipe = state.redis.pipeline(transaction=False)
-        for key, raw in zip(keys, images):
+        for key, (_, raw) in zip(keys, media):
             pipe.set(key, raw, ex=state.config.media_ttl_s)
         await pipe.execute()
+        refs = [MediaRef(key=k, kind=kind) for k, (kind, _) in zip(keys, media)]
         job = EncodeJob(request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling,
-                        arrival=arrival, media=[MediaRef(key=k) for k in keys], timing=timing.mark("submitted"))
+                        arrival=arrival, media=refs, timing=timing.mark("submitted"))
         await state.dispatcher.submit(target.info.worker_id, job)
         return keys
     target = least_loaded(text_targets(await state.registry.alive(PREFILL_ROLES), state.policy), state.counter)

@@ -23,11 +23,11 @@ def parse(argv: list[str] | None) -> EncodeWorkerConfig:
 async def amain(cfg: EncodeWorkerConfig) -> None:
     import torch
 
-    from encode_node.encoder import LlavaImageEncoder
+    from encode_node.registry import make_encoder
     from encode_node.worker import EncodeWorker
 
     torch.set_num_threads(cfg.threads)
-    encoder = LlavaImageEncoder(cfg.model_dir, cfg.device)
+    encoder = make_encoder(cfg.model_dir, cfg.device)
     await run_until_signalled(cfg.redis_url, lambda redis, stop: EncodeWorker(cfg, redis, encoder).run(stop))
 
 

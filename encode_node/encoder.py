@@ -1,24 +1,17 @@
-"""The modality encoder: a real transformers LLaVA vision tower + projector, batched."""
+"""The LLaVA encoder: a real transformers LLaVA vision tower + projector, batched."""
 
 from __future__ import annotations
 
-import io
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image
 
+from coordinator.protocol.messages import EncodedMedia, Modality
+from encode_node.encoded import EncodedBatch, check_modality, decode_each, decode_image, split_per_request
 
-@dataclass
-class EncodedBatch:
-    per_request: list[torch.Tensor | None]
-    """One [n_image_tokens, hidden] tensor per request, images in prompt order; None where it failed."""
-    errors: list[str | None]
-    """Why a request's images could not be decoded (it alone fails; the batch goes on)."""
-    seconds: float
-    """Wall time of decoding, preprocessing and the forward pass, for the whole batch."""
+__all__ = ["EncodedBatch", "LlavaImageEncoder"]
 
 
 class LlavaImageEncoder:
@@ -27,6 +20,8 @@ class LlavaImageEncoder:
     The language model is dropped right after loading (on the CPU), so an encode GPU holds only
     the vision tower and projector.
     """
+
+    modalities = frozenset({"image"})
 
     def __init__(self, model_dir: Path, device: str = "cpu"):
         from transformers import AutoProcessor, LlavaForConditionalGeneration
@@ -42,37 +37,27 @@ class LlavaImageEncoder:
         self.hidden_size = model.config.text_config.hidden_size
         self.image_token_id: int = model.config.image_token_id
         """The placeholder id in prompts: counting it gives a batch's image tokens before encoding."""
+        self.placeholder_ids = frozenset({self.image_token_id})
 
     @staticmethod
     def decode_image(raw: bytes) -> Image.Image:
-        with Image.open(io.BytesIO(raw)) as im:
-            return im.convert("RGB")
+        return decode_image(raw)
 
     @torch.inference_mode()
-    def encode(self, images_per_request: list[list[bytes]]) -> EncodedBatch:
+    def encode(self, images_per_request: list[list[bytes]], modality: Modality = "image") -> EncodedBatch:
+        check_modality(self, modality)
         t0 = time.perf_counter()
-        decoded: list[list[Image.Image] | None] = []
-        errors: list[str | None] = []
-        for raws in images_per_request:
-            try:
-                decoded.append([self.decode_image(raw) for raw in raws])
-                errors.append(None)
-            except Exception as e:  # e.g. a truncated JPEG that passed the coordinator's header check
-                decoded.append(None)
-                errors.append(f"image could not be decoded: {e}")
+        decoded, errors = decode_each(images_per_request, decode_image, "image")
         flat = [im for ims in decoded if ims for im in ims]
         feats: list[torch.Tensor] = []
         if flat:
             pixels = self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"]
             out = self.model.get_image_features(pixel_values=pixels.to(self.device))
             feats = [f.to("cpu", torch.float32) for f in out.pooler_output]
-        per_request: list[torch.Tensor | None] = []
-        i = 0
+        per_request = split_per_request(decoded, feats, self.hidden_size)
+        media, i = [], 0
         for ims in decoded:
-            if ims is None:
-                per_request.append(None)
-                continue
-            chunk = feats[i : i + len(ims)]
-            i += len(ims)
-            per_request.append(torch.cat(chunk) if chunk else torch.empty(0, self.hidden_size))
-        return EncodedBatch(per_request, errors, time.perf_counter() - t0)
+            n = len(ims or [])
+            media.append([EncodedMedia(modality="image", num_tokens=f.shape[0]) for f in feats[i : i + n]])
+            i += n
+        return EncodedBatch(per_request, errors, time.perf_counter() - t0, media)

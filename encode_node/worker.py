@@ -25,6 +25,7 @@ from coordinator.protocol.colocation import ColocationChannel, channel_path
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import (
     EncodeBatch,
+    EncodedMedia,
     EncodeJob,
     PrefillJob,
     TokenEvent,
@@ -35,7 +36,7 @@ from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry, WorkerStatus
 from coordinator.protocol.streams import JobStream, publish_tokens, push_job
 from encode_node.config import EncodeWorkerConfig
-from encode_node.encoder import LlavaImageEncoder
+from encode_node.encoded import Encoder
 from encode_node.gpu_share import EncoderGpuShare
 from encode_node.routing import RequestRouter, Targets
 from native.stream_partition import StreamPartition
@@ -47,7 +48,7 @@ POLICY_REFRESH_S = 1.0
 
 
 class EncodeWorker:
-    def __init__(self, cfg: EncodeWorkerConfig, redis: Redis, encoder: LlavaImageEncoder):
+    def __init__(self, cfg: EncodeWorkerConfig, redis: Redis, encoder: Encoder):
         self.cfg = cfg
         self.redis = redis
         self.keys = Keys(cfg.key_prefix)
@@ -85,13 +86,14 @@ class EncodeWorker:
         for entry_id, job in await self.jobs.read(1, block_ms=500):
             jobs = _jobs_of(job)
             self.in_flight = len(jobs)
+            batches = _one_modality_batches(jobs, self.cfg.max_batch_size)  # the cap guards memory, not policy
             i = 0
             try:
-                for i in range(0, len(jobs), self.cfg.max_batch_size):  # the cap guards memory, not policy
-                    await self.encode_and_forward(jobs[i : i + self.cfg.max_batch_size])
+                for i, batch in enumerate(batches):
+                    await self.encode_and_forward(batch)
             except Exception as e:  # e.g. Redis went away mid-batch: answer what is left, then let the loop retry
                 with contextlib.suppress(Exception):
-                    await self.fail(jobs[i:], f"encode worker error: {type(e).__name__}: {e}")
+                    await self.fail([j for b in batches[i:] for j in b], f"encode worker error: {type(e).__name__}: {e}")
                 raise
             finally:
                 self.in_flight = 0
@@ -108,12 +110,12 @@ class EncodeWorker:
         if not ok:
             return
         await self.refresh_policy()
-        tokens = sum(j.prompt_token_ids.count(self.encoder.image_token_id) for j, _ in ok)
+        tokens = sum(t in self.encoder.placeholder_ids for j, _ in ok for t in j.prompt_token_ids)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_dequeued")}), m) for j, m in ok]
         try:
             await asyncio.to_thread(self.share.claim, len(ok), tokens)  # waits out a stolen step, if one runs
             ok = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in ok]
-            batch = await asyncio.to_thread(self.encoder.encode, [m for _, m in ok])
+            batch = await asyncio.to_thread(self.encoder.encode, [m for _, m in ok], ok[0][0].modality)
         except Exception as e:
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
@@ -131,10 +133,10 @@ class EncodeWorker:
                                              if targets.steal else 0)
         now = time.monotonic()
         self.router.observe(targets, pending, held, now)
-        chosen = [(j, emb, self.router.choose(j, targets, now)) for (j, _), emb in zip(ok, batch.per_request)
-                  if emb is not None]
+        chosen = [(j, emb, media, self.router.choose(j, targets, now))
+                  for (j, _), emb, media in zip(ok, batch.per_request, batch.media) if emb is not None]
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
-        await asyncio.gather(*(self.forward(j, emb, batch.seconds, target) for j, emb, target in chosen))
+        await asyncio.gather(*(self.forward(j, emb, media, batch.seconds, target) for j, emb, media, target in chosen))
 
     async def pending_batches(self) -> int:
         """Micro-batches queued behind the one being encoded (entries are deleted when acked); 0 when
@@ -174,20 +176,21 @@ class EncodeWorker:
     def stats(self) -> dict[str, float]:
         return self.router.stats() | self.share.metrics() | {"encode_queue_batches": float(self.queued_batches)}
 
-    async def forward(self, job: EncodeJob, emb: torch.Tensor, encode_s: float, target: WorkerStatus | None) -> None:
+    async def forward(self, job: EncodeJob, emb: torch.Tensor, media: list[EncodedMedia], encode_s: float,
+                      target: WorkerStatus | None) -> None:
         if target is None:
             await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")
             return
         t0 = time.perf_counter()
         try:
-            descs = await self.sender.send(target.info.transport_address, job.request_id, {"image_embeds": emb})
+            descs = await self.sender.send(target.info.transport_address, job.request_id, {"mm_embeds": emb})
         except Exception as e:
             await self.fail([job], f"sending embeddings to {target.info.worker_id} failed: {e}")
             return
         timing = job.timing.mark("embeddings_sent", encode_s=encode_s, transfer_s=time.perf_counter() - t0)
         prefill = PrefillJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
-            arrival=job.arrival, timing=timing, embeddings=descs,
+            arrival=job.arrival, timing=timing, embeddings=descs, media=media,
         )
         await push_job(self.redis, self.keys, target.info.worker_id, prefill)
 
@@ -198,6 +201,15 @@ class EncodeWorker:
                 (j.request_id, TokenEvent(finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
                 for j in jobs
             ])
+
+
+def _one_modality_batches(jobs: list[EncodeJob], cap: int) -> list[list[EncodeJob]]:
+    """Batches of at most `cap` jobs of one modality each, in arrival order within a modality (the
+    dispatcher already releases one modality per micro-batch; this only guards the encoder)."""
+    by_modality: dict[str, list[EncodeJob]] = {}
+    for j in jobs:
+        by_modality.setdefault(j.modality, []).append(j)
+    return [group[i : i + cap] for group in by_modality.values() for i in range(0, len(group), cap)]
 
 
 def _jobs_of(entry) -> list[EncodeJob]:

@@ -34,10 +34,11 @@ def parse(argv: list[str] | None) -> LLMWorkerConfig:
 
 async def amain(cfg: LLMWorkerConfig) -> None:
     import torch
-    from transformers import AutoTokenizer, LlavaForConditionalGeneration
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from coordinator.protocol.colocation import ColocationChannel, channel_path
+    from llm_node.architectures import load_model
     from llm_node.engine import EngineConfig, ReferenceEngine
     from llm_node.gpu_share import LLMGpuShare
     from llm_node.preemption import PrefillPreemption
@@ -47,7 +48,7 @@ async def amain(cfg: LLMWorkerConfig) -> None:
 
     torch.set_num_threads(cfg.threads)
     hf_logging.disable_progress_bar()
-    model = LlavaForConditionalGeneration.from_pretrained(cfg.model_dir, dtype=torch.float32).eval()
+    model = load_model(cfg.model_dir, torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
     context = getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0
     budget = cfg.max_num_batched_tokens or max(4096, context)

@@ -17,7 +17,7 @@ from typing import Literal, get_args
 
 import torch
 
-from coordinator.protocol.messages import SamplingParams
+from coordinator.protocol.messages import EncodedMedia, SamplingParams
 from llm_node.detokenizer import IncrementalDetokenizer
 from llm_node.kv import SequenceKV
 from llm_node.model_runner import ModelRunner
@@ -59,7 +59,11 @@ class EngineRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     mm_embeddings: torch.Tensor | None = None
-    """[n_image_tokens, hidden], filling the prompt's image-token positions in order (prefill, combined)."""
+    """[n_placeholder_tokens, hidden], filling the prompt's placeholder positions in order (prefill, combined)."""
+    media: list[EncodedMedia] = field(default_factory=list)
+    """Per media item: its rows of mm_embeddings and its grid (M-RoPE positions); prefill, combined."""
+    rope_delta: int = 0
+    """Decode role only: the M-RoPE delta the prefill worker computed (DecodeJob.rope_delta)."""
     kv: torch.Tensor | None = None
     """Decode role only: the exported cache [layers, 2, kv_heads, L, head_dim], L = prompt + outputs - 1."""
     output_token_ids: list[int] = field(default_factory=list)
@@ -81,6 +85,8 @@ class StepOutput:
     finish_reason: Literal["stop", "length", "abort"] | None = None
     handoff_kv: torch.Tensor | None = None
     """Prefill role: the request continues elsewhere; its KV cache [layers, 2, kv_heads, L, head_dim]."""
+    handoff_rope_delta: int = 0
+    """Prefill role: the rope delta that travels with handoff_kv (positions of generated tokens)."""
     prefill_s: float = 0.0
     """Wall seconds of this step if it produced the request's first token (the whole batched step,
     which the request waited for); sum over outputs for the total (Sequence.prefill_s keeps it)."""
@@ -136,7 +142,10 @@ class ReferenceEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, request.sampling.stop),
             mm_embeddings=request.mm_embeddings,
         )
-        if request.kv is not None:
+        if request.kv is None:
+            seq.positions, seq.rope_delta = self.runner.prompt_positions(seq.prompt_ids, request.media)
+        else:
+            seq.rope_delta = request.rope_delta
             seq.mm_embeddings = None
             seq.kv = SequenceKV(request.kv.to(self.runner.device))
             seq.output_ids = list(request.output_token_ids)
@@ -171,7 +180,7 @@ class ReferenceEngine:
                 f"request {r.request_id!r}: prompt of {len(r.prompt_token_ids)} tokens exceeds"
                 f" max_num_batched_tokens={self.config.max_num_batched_tokens}"
             )
-        self.runner.check_mm(r.prompt_token_ids, r.mm_embeddings)
+        self.runner.check_mm(r.prompt_token_ids, r.mm_embeddings, r.media)
 
     def step(self) -> list[StepOutput]:
         plan = self.schedule()
@@ -192,7 +201,8 @@ class ReferenceEngine:
             start = time.perf_counter()
             with self.preemption.prefill() if self.preemption is not None else nullcontext():
                 result = self.runner.prefill(
-                    [s.prompt_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills]
+                    [s.prompt_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills],
+                    [s.positions for s in plan.prefills],
                 )
             out.prefill_tokens = self._sample(result.logits, plan.prefills)
             out.prefill_logits, out.prefill_kvs = result.logits, result.kvs
@@ -202,7 +212,8 @@ class ReferenceEngine:
                 if s.kv.length != s.num_prompt_tokens + len(s.output_ids) - 1:
                     raise RuntimeError(f"{s.request_id}: kv length {s.kv.length} out of step with its tokens")
             start = time.perf_counter()
-            result = self.runner.decode([s.output_ids[-1] for s in plan.decodes], [s.kv for s in plan.decodes])
+            result = self.runner.decode([s.output_ids[-1] for s in plan.decodes], [s.kv for s in plan.decodes],
+                                        [s.rope_delta for s in plan.decodes])
             out.decode_tokens = self._sample(result.logits, plan.decodes)
             out.decode_logits, out.decode_new_kv = result.logits, result.new_kv
             out.decode_s = time.perf_counter() - start
@@ -218,7 +229,7 @@ class ReferenceEngine:
         # is charged the step's full wall time: the latency view, which overhead = e2e - compute needs.
         step_s = out.prefill_s + out.decode_s
         for i, seq in enumerate(plan.prefills):
-            seq.kv, seq.mm_embeddings = out.prefill_kvs[i], None
+            seq.kv, seq.mm_embeddings, seq.positions = out.prefill_kvs[i], None, None
             seq.prefill_s += step_s
             output = self._advance(seq, out.prefill_tokens[i], out.prefill_logits[i], was_prefill=True)
             output.prefill_s = step_s
@@ -251,6 +262,7 @@ class ReferenceEngine:
             finished=reason is not None,
             finish_reason=reason,
             handoff_kv=seq.kv.export() if handoff else None,
+            handoff_rope_delta=seq.rope_delta if handoff else 0,
         )
 
     def abort(self, request_id: str) -> StepOutput | None:

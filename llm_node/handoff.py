@@ -25,8 +25,9 @@ class KVHandoff:
         self._rr = 0
 
     async def send(self, job: PrefillJob, output_token_ids: list[int], kv: torch.Tensor,
-                   aborted: Callable[[str], bool]) -> str | None:
-        """Returns the decode worker's id, or None if the request was aborted meanwhile."""
+                   aborted: Callable[[str], bool], rope_delta: int = 0) -> str | None:
+        """Returns the decode worker's id, or None if the request was aborted meanwhile. `rope_delta`
+        (M-RoPE) travels with the KV cache: the decode worker cannot recompute it without the media."""
         self._rr += 1
         target = least_loaded(await self.registry.alive(frozenset({"decode"})), self._rr)
         if target is None:
@@ -44,5 +45,6 @@ class KVHandoff:
         await push_job(self.redis, self.keys, target.info.worker_id, DecodeJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
             arrival=job.arrival, timing=timing, output_token_ids=output_token_ids, kv=descs,
+            rope_delta=rope_delta,
         ))
         return target.info.worker_id

@@ -1,12 +1,13 @@
 """Batched forwards of the language model: prefill of several prompts, and one decode step.
 
-The runner holds a Hugging Face model (LLaVA, or any decoder-only causal LM with `.model` and
-`.lm_head`) and never its vision tower's work: modality embeddings arrive computed elsewhere and are
-scattered into the image-token positions of the prompt, exactly where LLaVA itself puts them.
+The runner holds a Hugging Face model (LLaVA, Qwen2-VL, Qwen2-Audio: llm_node/architectures.py) and
+never its encoder's work: modality embeddings arrive computed elsewhere and are scattered into the
+placeholder-token positions of the prompt, exactly where the model itself puts them.
 
 Prefill right-pads the prompts: every real position then only sees real positions before it, so no
 attention row is fully masked; logits are computed at each prompt's last real position only.
-Decode left-pads the caches (see llm_node/kv.py). Both pass explicit position ids.
+Decode left-pads the caches (see llm_node/kv.py). Both pass explicit position ids: 0..L-1 and the
+cache length, or for M-RoPE the prompt's 3-D positions and cache length + the sequence's rope delta.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from coordinator.protocol.messages import EncodedMedia
+from llm_node.architectures import adapter_for
 from llm_node.kv import KVLayout, SequenceKV, build_decode_batch, new_positions, split_prefill_cache
 
 
@@ -41,14 +44,20 @@ class ModelRunner:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
         self.config = model.config
-        self.image_token_id: int | None = getattr(model.config, "image_token_id", None)
+        self.arch = adapter_for(model)
+        self.placeholder_ids = torch.tensor(sorted(self.arch.placeholders), dtype=torch.long)
         self.layout = KVLayout.from_config(model.config, model.dtype)
         self.device = model.device
         self.hidden_size = model.get_input_embeddings().embedding_dim
 
-    def check_mm(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None) -> None:
-        """Raise ValueError unless the embeddings fill the prompt's image-token positions exactly."""
-        positions = 0 if self.image_token_id is None else sum(t == self.image_token_id for t in prompt_ids)
+    def check_mm(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None,
+                 media: list[EncodedMedia] | None = None) -> None:
+        """Raise ValueError unless the embeddings (and media metadata) fill the prompt's placeholders exactly."""
+        self._check_rows(prompt_ids, mm_embeddings)
+        self.arch.check_media(prompt_ids, media or [])
+
+    def _check_rows(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None) -> int:
+        positions = sum(t in self.arch.placeholders for t in prompt_ids)
         rows = 0 if mm_embeddings is None else mm_embeddings.shape[0]
         if mm_embeddings is not None and (mm_embeddings.dim() != 2 or mm_embeddings.shape[1] != self.hidden_size):
             raise ValueError(
@@ -56,24 +65,32 @@ class ModelRunner:
             )
         if positions != rows:
             raise ValueError(
-                f"prompt has {positions} image-token positions (id {self.image_token_id}) "
+                f"prompt has {positions} placeholder positions (ids {sorted(self.arch.placeholders)}) "
                 f"but {rows} modality embedding rows were given"
             )
+        return positions
+
+    def prompt_positions(self, prompt_ids: list[int], media: list[EncodedMedia]) -> tuple[torch.Tensor | None, int]:
+        """The prompt's position ids ([axes, L], None for 0..L-1) and the rope delta of its generated tokens."""
+        return self.arch.prompt_positions(prompt_ids, media)
 
     @torch.inference_mode()
     def embed(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None) -> torch.Tensor:
-        """Token embeddings of the prompt [L, hidden] with the modality embeddings in the image-token slots."""
-        self.check_mm(prompt_ids, mm_embeddings)
+        """Token embeddings of the prompt [L, hidden] with the modality embeddings in the placeholder slots."""
+        self._check_rows(prompt_ids, mm_embeddings)
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
         embeds = self.model.get_input_embeddings()(ids)
         if mm_embeddings is None or mm_embeddings.shape[0] == 0:
             return embeds
-        mask = (ids == self.image_token_id).unsqueeze(-1)
+        mask = torch.isin(ids, self.placeholder_ids.to(ids.device)).unsqueeze(-1)
         return embeds.masked_scatter(mask, mm_embeddings.to(device=self.device, dtype=embeds.dtype))
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], mm_embeddings: list[torch.Tensor | None]) -> PrefillResult:
-        """Run the prompts as one right-padded batch; returns last-position logits and per-prompt caches."""
+    def prefill(self, prompts: list[list[int]], mm_embeddings: list[torch.Tensor | None],
+                positions: list[torch.Tensor | None] | None = None) -> PrefillResult:
+        """Run the prompts as one right-padded batch; returns last-position logits and per-prompt caches.
+
+        `positions[i]` is prompt i's [axes, L] position ids (prompt_positions), None for 0..L-1."""
         embeds = [self.embed(p, mm) for p, mm in zip(prompts, mm_embeddings, strict=True)]
         lengths = [e.shape[0] for e in embeds]
         batch, t_max = len(embeds), max(lengths)
@@ -82,26 +99,41 @@ class ModelRunner:
         for i, e in enumerate(embeds):
             inputs[i, : e.shape[0]] = e
             mask[i, : e.shape[0]] = 1
-        positions = torch.arange(t_max, device=self.device).unsqueeze(0).expand(batch, t_max)
+        position_ids = self._prefill_positions(positions or [None] * batch, lengths, t_max)
         cache = DynamicCache(config=self.config)
-        out = self.model.model(
-            inputs_embeds=inputs, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        out = self.arch.language_model(
+            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True
         )
         last = torch.tensor(lengths, device=self.device) - 1
         hidden = out.last_hidden_state[torch.arange(batch, device=self.device), last]
         logits = self.model.lm_head(hidden).float()
         return PrefillResult(logits=logits, kvs=split_prefill_cache(cache, lengths))
 
+    def _prefill_positions(self, positions: list[torch.Tensor | None], lengths: list[int], t_max: int) -> torch.Tensor:
+        """[B, T] (plain) or [axes, B, T] position ids; padding columns are masked, their value is moot."""
+        out = torch.arange(t_max, device=self.device).expand(self.arch.axes, len(lengths), t_max).clone()
+        for i, (p, n) in enumerate(zip(positions, lengths, strict=True)):
+            if p is not None:
+                out[:, i, :n] = p.to(self.device)
+        return out[0] if self.arch.axes == 1 else out
+
     @torch.inference_mode()
-    def decode(self, token_ids: list[int], kvs: list[SequenceKV]) -> DecodeResult:
-        """Feed one token per sequence on top of its cache; the caches themselves are left untouched."""
+    def decode(self, token_ids: list[int], kvs: list[SequenceKV], rope_deltas: list[int] | None = None) -> DecodeResult:
+        """Feed one token per sequence on top of its cache; the caches themselves are left untouched.
+
+        The fed token of a sequence with cache length L sits at position L + its rope delta."""
         batch = build_decode_batch(kvs, self.config)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)
         inputs = self.model.get_input_embeddings()(ids)
-        out = self.model.model(
+        position_ids = batch.position_ids
+        if rope_deltas is not None:
+            position_ids = position_ids + torch.tensor(rope_deltas, device=self.device).unsqueeze(1)
+        if self.arch.axes > 1:
+            position_ids = position_ids.unsqueeze(0).expand(self.arch.axes, -1, -1)
+        out = self.arch.language_model(
             inputs_embeds=inputs,
             attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
+            position_ids=position_ids,
             cache=batch.cache,
             use_cache=True,
         )

@@ -34,7 +34,11 @@ class Sequence:
     sampling: SamplingParams
     detokenizer: IncrementalDetokenizer
     mm_embeddings: torch.Tensor | None = None
-    """Modality embeddings [n_image_tokens, hidden] in prompt order; None for text-only or once prefilled."""
+    """Modality embeddings [n_placeholder_tokens, hidden] in prompt order; None for text-only or once prefilled."""
+    positions: torch.Tensor | None = None
+    """The prompt's position ids [axes, L] (M-RoPE); None for 0..L-1, and once prefilled."""
+    rope_delta: int = 0
+    """Generated token n sits at position n + rope_delta (M-RoPE; 0 otherwise)."""
     output_ids: list[int] = field(default_factory=list)
     """Every output token so far, including those produced on a prefill worker before a hand-off."""
     kv: SequenceKV | None = None

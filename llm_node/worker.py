@@ -112,10 +112,11 @@ class LLMWorker:
             job.timing = job.timing.mark("admitted" if isinstance(job, PrefillJob) else "decode_admitted")
             if isinstance(job, PrefillJob):
                 req = EngineRequest(job.request_id, job.prompt_token_ids, job.sampling,
-                                    mm_embeddings=tensors.get("image_embeds"))
+                                    mm_embeddings=tensors.get("mm_embeds"), media=list(job.media))
             else:
                 req = EngineRequest(job.request_id, job.prompt_token_ids, job.sampling,
-                                    kv=tensors["kv"], output_token_ids=list(job.output_token_ids))
+                                    kv=tensors["kv"], output_token_ids=list(job.output_token_ids),
+                                    rope_delta=job.rope_delta)
             self.pending.append(req)
             self.wake.set()
         except Exception as e:
@@ -207,7 +208,8 @@ class LLMWorker:
 
     async def hand_off(self, job: PrefillJob, out: StepOutput) -> None:
         try:
-            await self.handoff.send(job, list(out.new_token_ids), out.handoff_kv, self.recent_aborts.__contains__)
+            await self.handoff.send(job, list(out.new_token_ids), out.handoff_kv, self.recent_aborts.__contains__,
+                                    out.handoff_rope_delta)
         except Exception as e:
             if job.request_id in self.jobs_by_id:
                 await self.publish_errors([job.request_id], str(e))

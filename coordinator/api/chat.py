@@ -81,9 +81,13 @@ def stages(marks: dict[str, float], relayed: float) -> dict[str, float]:
 
 
 def body_limit(state: AppState) -> int:
-    """The largest body a valid request can have: its images base64-encoded, plus 1 MiB of text."""
+    """The largest body a valid request can have: its media base64-encoded, plus 1 MiB of text. A request
+    carries one modality, so the largest allowance of a modality this model takes counts."""
     c = state.config
-    return c.max_images_per_request * (c.max_image_bytes * 4 // 3 + 4) + (1 << 20)
+    per_modality = {"image": c.max_images_per_request * (c.max_image_bytes * 4 // 3 + 4),
+                    "video": c.max_videos_per_request * (c.max_video_bytes * 4 // 3 + 64 * c.max_video_frames),
+                    "audio": c.max_audios_per_request * (c.max_audio_bytes * 4 // 3 + 4)}
+    return max(per_modality[m] for m in state.prompts.modalities) + (1 << 20)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -130,8 +134,8 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
     built = await asyncio.to_thread(state.prompts.build, req)
     sampling = sampling_from_request(req)
     rid = completion_id()
-    images = [im.data for im in built.images]
-    keys = await submit(state, rid, built.prompt_token_ids, images, sampling, received)
+    media = [(m.modality, m.data) for m in built.media]
+    keys = await submit(state, rid, built.prompt_token_ids, media, sampling, received)
     tracker = Tracker(state, rid, len(built.prompt_token_ids), t0)
     events = token_events(state.redis, state.keys, rid, state.config.request_timeout_s)
     if req.stream:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from coordinator.errors import RequestError
 from coordinator.protocol.messages import FinishReason
@@ -53,10 +53,35 @@ class InputAudioPart(BaseModel):
     input_audio: InputAudio
 
 
+class VideoURL(BaseModel):
+    url: str
+    """An animated GIF/WebP as a data URL or an allowed local path (see coordinator/video.py)."""
+
+
 class VideoPart(BaseModel):
-    """Parsed only so it can be rejected with a useful message; video frames are not supported yet."""
+    """A video, in either of the two formats servers accept:
+
+    - `{"type": "video", "video": ["<frame image URL>", ...]}`: frames the client sampled (Qwen's format);
+    - `{"type": "video_url", "video_url": {"url": "..."}}`: vLLM's format, here an animated GIF or WebP.
+    Whether the model takes video at all is checked later (coordinator.prompt).
+    """
 
     type: Literal["video", "video_url"]
+    video: list[str] | None = None
+    video_url: VideoURL | None = None
+
+    @field_validator("video_url", mode="before")
+    @classmethod
+    def _bare_url(cls, v: Any) -> Any:
+        return {"url": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "VideoPart":
+        if self.type == "video" and self.video is None:
+            raise ValueError('a "video" part needs "video": a list of frame image URLs')
+        if self.type == "video_url" and self.video_url is None:
+            raise ValueError('a "video_url" part needs "video_url": {"url": ...}')
+        return self
 
 
 def _part_tag(v: Any) -> str | None:
@@ -76,7 +101,8 @@ ContentPart = Annotated[
     Discriminator(
         _part_tag,
         custom_error_type="invalid_content_part",
-        custom_error_message="content part 'type' must be one of 'text', 'image_url', 'input_audio'",
+        custom_error_message="content part 'type' must be one of 'text', 'image_url', 'input_audio', 'video', "
+                             "'video_url'",
     ),
 ]
 

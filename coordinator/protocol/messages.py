@@ -14,6 +14,7 @@ from transport.wire import TensorDescriptor
 
 Role = Literal["encode", "prefill", "decode", "combined"]
 FinishReason = Literal["stop", "length", "abort", "error"]
+Modality = Literal["image", "video", "audio"]
 
 
 class SamplingParams(BaseModel):
@@ -65,15 +66,40 @@ class _Job(BaseModel):
 
 class MediaRef(BaseModel):
     key: str
-    """Redis key holding the raw media bytes (TTL'd)."""
-    kind: Literal["image"] = "image"
+    """Redis key holding the media bytes (TTL'd): an encoded image; a video's frames packed by
+    coordinator/protocol/frames.py; or audio as float32 little-endian mono PCM at the encoder's rate."""
+    kind: Modality = "image"
+
+
+class EncodedMedia(BaseModel):
+    """What the prefill worker must know about one media item besides its embedding rows.
+
+    The rows of all items of a request travel as one tensor in prompt order; this says how many rows
+    each item owns and, for M-RoPE models (Qwen2-VL), its patch grid, from which the 3-D positions
+    are built. Small and typed, so it rides in the control message, never in a pickle.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    modality: Modality
+    num_tokens: int = Field(ge=0)
+    """Embedding rows (= placeholder tokens in the prompt) of this item."""
+    grid_thw: tuple[int, int, int] | None = None
+    """(temporal, height, width) in vision patches before the spatial merge (Qwen2-VL's
+    image_grid_thw / video_grid_thw row); None for encoders without a grid (LLaVA, audio)."""
 
 
 class EncodeJob(_Job):
     kind: Literal["encode"] = "encode"
     media: list[MediaRef]
+    """One modality per request, so a micro-batch holds one modality (the encoder runs one path)."""
     prefill_worker: str | None = None
     """Pin the prefill to this worker; None lets the encode worker choose (the control point)."""
+
+    @property
+    def modality(self) -> Modality:
+        """The request's one modality (the coordinator refuses requests that mix them)."""
+        return self.media[0].kind if self.media else "image"
 
 
 class EncodeBatch(BaseModel):
@@ -87,6 +113,9 @@ class PrefillJob(_Job):
     kind: Literal["prefill"] = "prefill"
     embeddings: list[TensorDescriptor] = []
     """Modality embeddings in prompt order, one tensor [n_tokens, hidden]; empty for text-only."""
+    media: list[EncodedMedia] = []
+    """Per media item in prompt order: its rows of the embeddings and its grid; empty for text-only
+    and for senders that predate it (then the rows are only checked against the placeholders)."""
 
 
 class DecodeJob(_Job):
@@ -94,6 +123,9 @@ class DecodeJob(_Job):
     output_token_ids: list[int]
     """Tokens already produced (by the prefill worker) and already streamed."""
     kv: list[TensorDescriptor]
+    rope_delta: int = 0
+    """M-RoPE models: position of a generated token = its index + rope_delta (computed at prefill from
+    the media grids, which the decode worker never sees); 0 for plain RoPE."""
 
 
 class AbortJob(BaseModel):

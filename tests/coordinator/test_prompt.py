@@ -152,7 +152,7 @@ def test_audio_is_refused(builder):
 
 def test_video_is_refused(builder):
     err = build_error(builder, [{"role": "user", "content": [{"type": "video", "video": ["f1", "f2"]}]}])
-    assert err.message == "video input is not supported yet; send the frames as image_url parts"
+    assert err.message == "video input is not supported by this model; send the frames as image_url parts"
     assert err.param == "messages[0].content[0]"
 
 
@@ -218,7 +218,7 @@ def test_template_errors_become_request_errors(processor):
 
 
 def test_processor_without_image_support_is_refused(processor):
-    with pytest.raises(TypeError, match="LLaVA-style processor"):
+    with pytest.raises(TypeError, match="need a LLaVA-style, Qwen2-VL or Qwen2-Audio processor"):
         PromptBuilder(processor.tokenizer)
 
 

@@ -115,3 +115,31 @@ async def test_reconfigure_flushes_what_is_queued_and_applies_new_knobs(redis_ur
     finally:
         disp.close()
         await redis.aclose()
+
+
+async def test_each_modality_has_its_own_queue_and_policy(redis_url, key_prefix):
+    """A micro-batch holds one modality: image and audio arrivals never share a batch or a policy."""
+    redis = Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    made: list[_HoldTwo] = []
+
+    def factory(cfg: BatchPolicyConfig) -> _HoldTwo:
+        made.append(_HoldTwo(cfg))
+        return made[-1]
+
+    disp = EncodeDispatcher(redis, keys, BatchPolicyConfig(), factory)
+    stream = JobStream(redis, keys, "e0")
+    await stream.open()
+    audio = lambda rid: _job(rid).model_copy(update={"media": [MediaRef(key="k", kind="audio")]})  # noqa: E731
+    try:
+        await disp.submit("e0", _job("i1"))
+        await disp.submit("e0", audio("a1"))
+        assert await stream.read(10, block_ms=1) == []  # one of each: both policies still hold
+        await disp.submit("e0", audio("a2"))
+        await disp.submit("e0", _job("i2"))
+        got = await stream.read(10, block_ms=100)
+        assert [[j.request_id for j in b.jobs] for _, b in got] == [["a1", "a2"], ["i1", "i2"]]
+        assert len(made) == 2
+    finally:
+        disp.close()
+        await redis.aclose()

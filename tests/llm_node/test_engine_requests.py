@@ -86,11 +86,11 @@ def test_seeded_sampling_is_reproducible_and_survives_a_handoff(cases, make_engi
 def test_mismatched_embeddings_are_rejected(cases, make_engine, case_request):
     engine = make_engine()
     case = cases[0]
-    with pytest.raises(ValueError, match=r"196 image-token positions .* but 195 modality"):
+    with pytest.raises(ValueError, match=r"196 placeholder positions .* but 195 modality"):
         engine.add(case_request(case, mm_embeddings=case.mm_embeddings[:-1]))
     with pytest.raises(ValueError, match="0 modality embedding rows"):
         engine.add(case_request(case, mm_embeddings=None))
-    with pytest.raises(ValueError, match=r"0 image-token positions .* but 196"):
+    with pytest.raises(ValueError, match=r"0 placeholder positions .* but 196"):
         engine.add(case_request(cases[1], mm_embeddings=case.mm_embeddings))
     assert not engine.has_unfinished()
 

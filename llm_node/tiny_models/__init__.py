@@ -1,0 +1,1 @@
+"""Generators of the tiny random-weight checkpoints of each served architecture (see __main__.py)."""

@@ -1,0 +1,193 @@
+"""Qwen2-VL (image, video) and Qwen2-Audio served by real local clusters, one per architecture.
+
+- Exactness across processes: encode worker -> transport (embeddings + grids in the PrefillJob) ->
+  prefill worker -> KV hand-off (with the rope delta) -> decode worker, requests of different sizes
+  submitted together so they share encoder micro-batches and engine steps; tokens and every step's
+  logits equal the model's own generate() on raw inputs.
+- The `openai` client sends an image, a video and an audio request and gets answers.
+- Bad media get a 4xx with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+
+import httpx
+import pytest
+import torch
+from media_factory import data_url, image_bytes, wav_bytes
+from mm_refs import MMRef, pcm, qwen2_audio_ref, qwen2_vl_ref
+from redis.asyncio import Redis
+
+from coordinator.launcher import ClusterSpec, LocalCluster
+from coordinator.protocol.keys import Keys
+from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams
+from coordinator.protocol.models import QWEN2_AUDIO_DIR, QWEN2_VL_DIR
+from coordinator.protocol.streams import push_job
+from coordinator.redis_server import free_port
+from coordinator.relay import token_events
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _cluster(redis_url, tmp_path_factory, model_dir, name):
+    prefix = f"tsmm-{uuid.uuid4().hex[:10]}"
+    spec = ClusterSpec(encode_workers=1, llm_roles=["combined", "prefill", "decode"], model_dir=model_dir,
+                       redis_url=redis_url, key_prefix=prefix, port=free_port(),
+                       coordinator_args=["--batch-policy", "queue_length", "--queue-length", "3",
+                                         "--max-audio-seconds", "4"])
+    c = LocalCluster(spec, tmp_path_factory.mktemp(f"logs-{name}"))
+    c.start(timeout_s=180)
+    return c, prefix
+
+
+def _serve(redis_url, tmp_path_factory, model_dir, name):
+    import redis
+
+    c, prefix = _cluster(redis_url, tmp_path_factory, model_dir, name)
+    try:
+        yield c
+    finally:
+        c.stop()
+        r = redis.Redis.from_url(redis_url)
+        keys = list(r.scan_iter(f"{prefix}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+@pytest.fixture(scope="module")
+def vl_cluster(redis_url, tmp_path_factory):
+    yield from _serve(redis_url, tmp_path_factory, QWEN2_VL_DIR, "vl")
+
+
+@pytest.fixture(scope="module")
+def audio_cluster(redis_url, tmp_path_factory):
+    yield from _serve(redis_url, tmp_path_factory, QWEN2_AUDIO_DIR, "audio")
+
+
+@pytest.fixture(scope="module")
+def vl_refs() -> list[MMRef]:
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    from llm_node.architectures import load_model
+
+    torch.set_num_threads(2)
+    model, tok = load_model(QWEN2_VL_DIR), AutoTokenizer.from_pretrained(QWEN2_VL_DIR)
+    ip = AutoImageProcessor.from_pretrained(QWEN2_VL_DIR)
+    return [qwen2_vl_ref(model, tok, ip, "one-image", "describe the image", 8, images=[(1, 300, 200)]),
+            qwen2_vl_ref(model, tok, ip, "two-images", "tell me about the two pictures", 11,
+                         images=[(2, 224, 400), (3, 100, 100)]),
+            qwen2_vl_ref(model, tok, ip, "small-image", "what color", 6, images=[(4, 60, 60)]),
+            qwen2_vl_ref(model, tok, ip, "video", "what happens", 9, videos=[(5, 3, 120, 160)]),
+            qwen2_vl_ref(model, tok, ip, "video-4", "what happens at the left", 7, videos=[(6, 4, 60, 90)]),
+            qwen2_vl_ref(model, tok, ip, "text-only", "what is this", 5)]
+
+
+@pytest.fixture(scope="module")
+def audio_refs() -> list[MMRef]:
+    from transformers import AutoProcessor
+
+    from llm_node.architectures import load_model
+
+    model, processor = load_model(QWEN2_AUDIO_DIR), AutoProcessor.from_pretrained(QWEN2_AUDIO_DIR)
+    return [qwen2_audio_ref(model, processor, "one-second", "what is this sound", 8, [(1, 1.0)]),
+            qwen2_audio_ref(model, processor, "two-clips", "compare the two sounds", 10, [(2, 2.5), (3, 0.4)]),
+            qwen2_audio_ref(model, processor, "short", "describe", 6, [(4, 0.3)]),
+            qwen2_audio_ref(model, processor, "text-only", "what is this", 5, [])]
+
+
+async def _run(cluster, refs: list[MMRef], llm_worker: str):
+    redis = Redis.from_url(cluster.redis_url)
+    keys = Keys(cluster.spec.key_prefix)
+    tag = f"{llm_worker}-{time.monotonic_ns()}"
+    try:
+        for ref in refs:  # all pushed before any is read: they share micro-batches and engine steps
+            rid = f"{ref.name}-{tag}"
+            sampling = SamplingParams(max_tokens=len(ref.tokens), ignore_eos=True, return_logits=True)
+            if ref.media:
+                media = [keys.media(rid, i) for i in range(len(ref.media))]
+                for key, raw in zip(media, ref.media):
+                    await redis.set(key, raw, ex=120)
+                await push_job(redis, keys, "encode-0", EncodeJob(
+                    request_id=rid, prompt_token_ids=ref.prompt_ids, sampling=sampling, arrival=time.time(),
+                    media=[MediaRef(key=k, kind=ref.modality) for k in media], prefill_worker=llm_worker))
+            else:
+                await push_job(redis, keys, llm_worker, PrefillJob(
+                    request_id=rid, prompt_token_ids=ref.prompt_ids, sampling=sampling, arrival=time.time()))
+
+        async def collect(ref: MMRef):
+            tokens, logits, batch = [], [], 0
+            async for ev in token_events(redis, keys, f"{ref.name}-{tag}", timeout_s=90):
+                assert ev.finish_reason != "error", ev.error
+                tokens += ev.token_ids
+                logits += [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.float32) for s in ev.logits]
+                batch = max(batch, ev.batch_size)
+            return tokens, logits, batch
+
+        return dict(zip([r.name for r in refs], await asyncio.gather(*(collect(r) for r in refs))))
+    finally:
+        await redis.aclose()
+
+
+def _check(refs, got, logit_compare):
+    assert max(b for *_, b in got.values()) >= 2, "no engine step batched two requests"
+    problems = [p for r in refs for p in logit_compare(r.name, r.tokens, r.logits, got[r.name][0], got[r.name][1])]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
+def test_qwen2_vl_disaggregated_matches_generate(vl_cluster, vl_refs, logit_compare, llm_worker):
+    _check(vl_refs, asyncio.run(_run(vl_cluster, vl_refs, llm_worker)), logit_compare)
+
+
+@pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
+def test_qwen2_audio_disaggregated_matches_generate(audio_cluster, audio_refs, logit_compare, llm_worker):
+    _check(audio_refs, asyncio.run(_run(audio_cluster, audio_refs, llm_worker)), logit_compare)
+
+
+def _client(cluster):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _ask(cluster, *parts):
+    out = _client(cluster).chat.completions.create(
+        model=cluster.spec.model_name, max_tokens=6, temperature=0,
+        messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "what is this?"}]}])
+    assert out.choices[0].message.content and out.usage.completion_tokens > 0
+    return out
+
+
+def test_openai_client_image_video_and_audio(vl_cluster, audio_cluster):
+    image = _ask(vl_cluster, {"type": "image_url", "image_url": {"url": data_url(image_bytes(7, 200, 300))}})
+    video = _ask(vl_cluster, {"type": "video", "video": [data_url(image_bytes(8 + i, 90, 120)) for i in range(4)]})
+    clip = base64.b64encode(wav_bytes(pcm(9, 1.5, 44100), 44100, channels=2)).decode()
+    audio = _ask(audio_cluster, {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}})
+    assert image.usage.prompt_tokens > 40 and video.usage.prompt_tokens > 40 and audio.usage.prompt_tokens > 40
+
+
+def _post_error(cluster, *parts) -> dict:
+    body = {"model": cluster.spec.model_name, "max_tokens": 2,
+            "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "hi"}]}]}
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", json=body, timeout=30)
+    assert 400 <= r.status_code < 500, r.text
+    return r.json()["error"]
+
+
+def test_bad_media_get_a_4xx_with_a_reason(vl_cluster, audio_cluster):
+    jpeg = image_bytes(1, 64, 64, "JPEG")
+    assert "corrupt" in _post_error(vl_cluster, {"type": "image_url", "image_url": {"url": data_url(
+        jpeg[: len(jpeg) // 3], "image/jpeg")}})["message"]
+    many = [data_url(image_bytes(i, 32, 32)) for i in range(33)]
+    assert "the limit is 32" in _post_error(vl_cluster, {"type": "video", "video": many})["message"]
+    png = base64.b64encode(image_bytes(2, 8, 8)).decode()
+    err = _post_error(audio_cluster, {"type": "input_audio", "input_audio": {"data": png, "format": "wav"}})
+    assert "not a WAV file" in err["message"] and err["param"].endswith("input_audio.data")
+    long = base64.b64encode(wav_bytes(pcm(3, 4.5))).decode()
+    assert "the limit is 4 s" in _post_error(
+        audio_cluster, {"type": "input_audio", "input_audio": {"data": long, "format": "wav"}})["message"]
