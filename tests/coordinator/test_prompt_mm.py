@@ -177,3 +177,31 @@ def test_modalities_the_model_lacks(vl, audio):
 def test_placeholders_in_text_are_refused(vl, audio):
     assert "<|video_pad|>" in error(vl, text("a <|video_pad|> b")).message
     assert "<|AUDIO|>" in error(audio, text("<|AUDIO|>")).message
+
+
+def test_mp3_decodes_to_the_same_clip():
+    import io
+
+    import soundfile
+
+    from coordinator.audio import decode_mp3
+
+    clip = pcm(2, 1.0)
+    buf = io.BytesIO()
+    soundfile.write(buf, clip, 16000, format="MP3")
+    x, rate = decode_mp3(buf.getvalue())
+    assert rate == 16000 and abs(len(x) - len(clip)) <= 1152  # MP3 frames pad the end
+    n = min(len(x), len(clip))
+    # Lossy: the tones survive (correlation), the exact samples do not.
+    assert np.corrcoef(x[:n], clip[:n])[0, 1] > 0.9
+
+
+def test_mp3_request_becomes_audio_tokens(audio):
+    import io
+
+    import soundfile
+
+    buf = io.BytesIO()
+    soundfile.write(buf, pcm(3, 1.0), 16000, format="MP3")
+    prompt = audio.build(req(wav(buf.getvalue(), "mp3"), text("what is this?")))
+    assert prompt.media and prompt.media[0].modality == "audio"
