@@ -1,0 +1,165 @@
+"""`tierserve bench` on bad input: a clear message and a non-zero exit, never a traceback; and the
+pure pieces of the command line (systems, local cluster layout, presets)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from benchmarks.bench.cli import main
+from benchmarks.bench.presets import PRESETS, PresetError, missing_workers, parse_presets
+from benchmarks.bench.targets import LocalOptions, TargetError, local_spec, parse_target
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.bench", *args], check=False, capture_output=True, text=True,
+                          timeout=120)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """GET /v1/models as an OpenAI server would; chat completions as a plain web page (mode "html") or
+    as JSON despite stream:true (mode "json"); every other path an HTML page."""
+
+    mode = "html"
+
+    def _send(self, status: int, ctype: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/v1/models" and self.mode != "html":
+            self._send(200, "application/json", json.dumps({"object": "list", "data": [{"id": "m"}]}).encode())
+        else:
+            self._send(200, "text/html", b"<html>hello</html>")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._send(200, "application/json", b'{"answer": 42}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(params=["html", "json"])
+def fake_server(request):
+    handler = type("H", (_Handler,), {"mode": request.param})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield request.param, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_unreachable_target_exits_2_without_traceback(tmp_path):
+    r = bench("--target", "http://127.0.0.1:9", "--num-requests", "2", "--out", str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot reach http://127.0.0.1:9" in r.stdout and "Traceback" not in r.stdout + r.stderr
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_non_openai_server_is_named_as_such(fake_server, tmp_path, capsys):
+    mode, url = fake_server
+    assert main(["--target", url, "--num-requests", "2", "--out", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    if mode == "html":
+        assert "not an OpenAI-compatible server" in out and "/v1/models" in out
+    else:
+        assert "every warm-up request failed (bad_response" in out and "text/event-stream" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--goodput", "ttft:fast", "tpot:5"], "not a number of milliseconds"),
+    (["--goodput", "ttft:500"], "needs both ttft and tpot"),
+    (["--sweep-rate", "1,-2"], "rates must be > 0"),
+    (["--request-rate", "trace"], "replays a --dataset"),
+    (["--burstiness", "0"], "--burstiness must be a positive number"),
+    (["--num-requests", "0"], "--num-requests must be >= 1"),
+    (["--request-rate", "inf", "--duration", "5"], "--duration needs finite rates"),
+    (["--preset", "vllm"], "unknown preset"),
+    (["--target", "ftp://x"], "give an http(s) URL"),
+    (["--target", "sim"], "needs a plan file"),
+    (["--plan", "p.yaml"], "--plan is read by --target sim only"),
+    (["--gpus", "3xTPU"], "unknown GPU tier"),
+    (["--cost-per-hour", "nope=2"], "no system 'nope'"),
+    (["--modality", "video"], "not generated yet"),
+    (["--output-tokens", "uniform:9:3"], "LOW <= HIGH"),
+])
+def test_bad_input_exits_2_with_a_message(args, needle, tmp_path, capsys):
+    assert main(["--target", "http://127.0.0.1:9", *args, "--out", str(tmp_path)]
+                if not any(a.startswith("--target") for a in args) else [*args, "--out", str(tmp_path)]) == 2
+    assert needle in capsys.readouterr().out
+
+
+def test_a_missing_plan_file_exits_2(tmp_path, capsys):
+    pytest.importorskip("coordinator.planner.planfile", reason="the plan-file reader is not in this checkout")
+    assert main(["--target", "sim:/nonexistent/plan.yaml", "--out", str(tmp_path)]) == 2
+    assert "cannot read plan file" in capsys.readouterr().out
+
+
+def test_malformed_dataset_line_exits_2(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "ok"}\n{"prompt": "x", "output_tokens": -3}\n')
+    r = bench("--target", "http://127.0.0.1:9", "--dataset", str(data), "--out", str(tmp_path))
+    assert r.returncode == 2 and f"{data}:2:" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+def test_tierserve_bench_runs_the_benchmark_in_a_subprocess():
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "bench", "--help"], check=False, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "usage: tierserve bench" in r.stdout and "--goodput" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "bench", "--preset", "nope"], check=False, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "unknown preset" in r.stdout
+    assert "bench" in subprocess.run([sys.executable, "-m", "coordinator.cli", "--help"], check=False, capture_output=True,
+                                     text=True, timeout=120).stdout
+
+
+def test_targets_parse():
+    assert parse_target("http://h:8000/v1/").url == "http://h:8000"
+    assert parse_target("vllm=http://h:8000").label == "vllm"
+    assert parse_target("http://h:8000/x?a=b").kind == "url"
+    t = parse_target("a=sim:plans/p.yaml")
+    assert (t.label, t.kind, str(t.plan)) == ("a", "sim", "plans/p.yaml")
+    assert parse_target("local").kind == "local"
+    with pytest.raises(TargetError):
+        parse_target("localhost:8000")
+
+
+def test_local_cluster_holds_what_the_presets_need():
+    plain = local_spec(parse_presets(["passthrough-epd,current"]), LocalOptions())
+    assert (plain.llm_roles, plain.local_prefill, plain.steal, plain.pin_cores) == (["combined"], False, False, True)
+    full = local_spec(parse_presets(["passthrough-epd", "tierserve"]), LocalOptions())
+    assert (full.llm_roles, full.local_prefill, full.steal) == (["combined", "decode"], True, True)
+    full.validate()
+    assert plain.key_prefix != full.key_prefix  # never collides with another cluster's sockets
+
+
+def test_presets_are_valid_policies_and_say_what_they_miss():
+    from coordinator.policies.base import PolicyConfig
+
+    for p in PRESETS.values():
+        if p.policy is not None:
+            PolicyConfig.model_validate(p.policy)
+    workers = [{"role": "encode"}, {"role": "combined", "colocated_with": None}]
+    assert len(missing_workers(PRESETS["tierserve"], workers)) == 2
+    assert missing_workers(PRESETS["passthrough-epd"], workers) == []
+    with pytest.raises(PresetError, match="twice"):
+        parse_presets(["easerve,easerve"])
+
+
+def test_tierserve_preset_sizes_its_batches_to_the_rate_and_slo():
+    from benchmarks.bench.presets import policy_for
+
+    p = PRESETS["tierserve"]
+    assert policy_for(p, 2.0, 1, 1000.0)["batch"] | {} == {**p.policy["batch"], "max_batch": 2, "max_wait_s": 0.1}
+    assert policy_for(p, 7.5, 2, 500.0)["batch"]["max_batch"] == 4  # ceil(7.5 / 2 encode workers)
+    assert policy_for(p, float("inf"), 1, None)["batch"]["max_batch"] == 8
+    assert policy_for(p, 3.0, 1, None)["batch"]["max_wait_s"] == 1.0  # no SLO: EAServe's A
+    assert policy_for(PRESETS["easerve"], 2.0, 1, 1000.0) == PRESETS["easerve"].policy  # EAServe's defaults
