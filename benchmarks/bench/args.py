@@ -72,13 +72,14 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0, help="seeds arrivals and synthetic requests (default: %(default)s)")
     w.add_argument("--warmup", type=int, default=2, help="unrecorded sequential requests before each system (default: 2)")
     w.add_argument("--modality", default="image", help="request kinds and weights, e.g. image or image:0.8,text:0.2 "
-                                                       "(text, image, audio; default: %(default)s)")
+                                                       "(text, image, video, audio; default: %(default)s)")
     w.add_argument("--images-per-request", default="1", help="N, uniform:LO:HI or normal:MEAN:SD (default: %(default)s)")
     w.add_argument("--image-size", default="336x336", help="WxH[,WxH...], drawn uniformly per image (default: %(default)s)")
     w.add_argument("--prompt-tokens", default="32", help="text prompt length, approx. tokens: N, uniform:LO:HI or "
                                                          "normal:MEAN:SD (default: %(default)s)")
     w.add_argument("--output-tokens", default="64", help="max_tokens per request, same forms (default: %(default)s)")
     w.add_argument("--audio-seconds", type=float, default=2.0, help="length of synthetic audio clips (default: 2)")
+    w.add_argument("--video-frames", type=int, default=4, help="frames per synthetic video (default: 4)")
     w.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (for servers that reject it; output lengths then vary by system)")
     w.add_argument("--dataset", type=Path, help="JSONL file of requests to replay instead of synthetic ones")

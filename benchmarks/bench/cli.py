@@ -105,6 +105,7 @@ def _check_numbers(a: argparse.Namespace) -> None:
               ("--timeout", a.timeout, 0 < a.timeout < math.inf, "a number of seconds > 0"),
               ("--warmup", a.warmup, a.warmup >= 0, ">= 0"),
               ("--audio-seconds", a.audio_seconds, 0 < a.audio_seconds < math.inf, "a number of seconds > 0"),
+              ("--video-frames", a.video_frames, a.video_frames >= 1, "a whole number >= 1"),
               ("--local-encode", a.local_encode, a.local_encode >= 1, ">= 1"))
     for flag, value, ok, want in checks:
         if not ok:
@@ -139,7 +140,8 @@ def build_plan(a: argparse.Namespace) -> Plan:
         mix = wl.MixConfig(modalities=wl.parse_modalities(a.modality),
                            images_per_request=wl.Length.parse(a.images_per_request, "--images-per-request", floor=0),
                            image_sizes=wl.parse_sizes(a.image_size), output_tokens=outputs,
-                           prompt_tokens=wl.Length.parse(a.prompt_tokens, "--prompt-tokens"), audio_seconds=a.audio_seconds)
+                           prompt_tokens=wl.Length.parse(a.prompt_tokens, "--prompt-tokens"), audio_seconds=a.audio_seconds,
+                           video_frames=a.video_frames)
         specs = wl.synthesize(n, mix, a.seed)
         # Warm-ups of their own: a server caching encoder outputs by image must not see measured images early.
         warm = wl.synthesize(a.warmup, mix, a.seed + 1_000_003)

@@ -45,8 +45,8 @@ def synthetic_image(rng: np.random.Generator, width: int, height: int, fmt: str 
 
 def synthetic_wav(rng: np.random.Generator, seconds: float, sample_rate: int = 16_000) -> bytes:
     """Mono 16-bit PCM WAV: a few tones with random pitch and onsets plus soft noise, speech-like in
-    spectrum range (100 Hz - 4 kHz) so an audio encoder sees non-trivial input. Ready for when the
-    serving side gets an audio encoder; today tierserve's API rejects audio with a 4xx."""
+    spectrum range (100 Hz - 4 kHz) so an audio encoder sees non-trivial input. A model without
+    an audio encoder (e.g. tiny-llava) answers these with a 4xx, counted per error type."""
     n = max(1, int(seconds * sample_rate))
     t = np.arange(n, dtype=np.float64) / sample_rate
     signal = rng.normal(0.0, 0.02, n)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from benchmarks.bench.media import data_url, synthetic_image, synthetic_wav
 
-Modality = Literal["text", "image", "audio"]
+Modality = Literal["text", "image", "video", "audio"]
 WORDS = (
     "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "by", "at", "from", "that",
     "this", "it", "be", "or", "an", "have", "not", "which", "one", "all", "they", "were", "their", "has",
@@ -109,6 +109,8 @@ class MixConfig(BaseModel):
     output_tokens: Length = Length(a=64)
     """max_tokens of each request (sent with ignore_eos unless --no-ignore-eos)."""
     audio_seconds: float = Field(2.0, gt=0)
+    video_frames: int = Field(4, ge=1)
+    """Frames per synthetic video, sent as Qwen's {"type": "video", "video": [frame URLs]} part."""
 
     @field_validator("modalities")
     @classmethod
@@ -141,11 +143,8 @@ def parse_modalities(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, weight = part.partition(":")
-        if name == "video":
-            raise WorkloadError("--modality video: not generated yet; the API has no video request format "
-                                "(the coordinator rejects video parts). Use image, text or audio.")
-        if name not in ("text", "image", "audio"):
-            raise WorkloadError(f"--modality {text!r}: unknown modality {name!r}; use text, image or audio")
+        if name not in ("text", "image", "video", "audio"):
+            raise WorkloadError(f"--modality {text!r}: unknown modality {name!r}; use text, image, video or audio")
         try:
             out[name] = float(weight) if weight else 1.0
         except ValueError:
@@ -190,6 +189,11 @@ def synthesize(n: int, mix: MixConfig, seed: int) -> list[RequestSpec]:
             meta |= {"images": len(sizes), "image_sizes": [f"{w}x{h}" for w, h in sizes]}
             parts += [{"type": "image_url", "image_url": {"url": data_url(synthetic_image(rng, w, h), "image/jpeg")}}
                       for w, h in sizes]
+        elif modality == "video":
+            w, h = mix.image_sizes[int(rng.integers(0, len(mix.image_sizes)))]
+            meta |= {"frames": mix.video_frames, "frame_size": f"{w}x{h}"}
+            parts.append({"type": "video", "video": [data_url(synthetic_image(rng, w, h), "image/jpeg")
+                                                     for _ in range(mix.video_frames)]})
         elif modality == "audio":
             wav = synthetic_wav(rng, mix.audio_seconds)
             meta["audio_s"] = mix.audio_seconds

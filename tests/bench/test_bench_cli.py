@@ -88,7 +88,8 @@ def test_non_openai_server_is_named_as_such(fake_server, tmp_path, capsys):
     (["--plan", "p.yaml"], "--plan is read by --target sim only"),
     (["--gpus", "3xTPU"], "unknown GPU tier"),
     (["--cost-per-hour", "nope=2"], "no system 'nope'"),
-    (["--modality", "video"], "not generated yet"),
+    (["--modality", "hologram"], "unknown modality"),
+    (["--video-frames", "0"], "--video-frames must be a whole number >= 1"),
     (["--output-tokens", "uniform:9:3"], "LOW <= HIGH"),
 ])
 def test_bad_input_exits_2_with_a_message(args, needle, tmp_path, capsys):

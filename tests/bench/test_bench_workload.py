@@ -95,7 +95,14 @@ def test_modality_mix_and_audio():
     assert len(synthetic_wav(np.random.default_rng(0), 1.0)) == 44 + 32_000
 
 
-@pytest.mark.parametrize("text,needle", [("video", "not generated yet"), ("smell", "unknown modality"),
+def test_video_requests_carry_frames_in_qwens_format():
+    mix = wl.MixConfig(modalities=wl.parse_modalities("video"), video_frames=3, image_sizes=[(32, 24)])
+    part = wl.synthesize(2, mix, seed=0)[0].content[0]
+    assert part["type"] == "video" and len(part["video"]) == 3
+    assert all(u.startswith("data:image/jpeg;base64,") for u in part["video"])
+
+
+@pytest.mark.parametrize("text,needle", [("smell", "unknown modality"),
                                          ("image:x", "not a number"), ("image:0", "positive weight")])
 def test_bad_modalities_are_refused(text, needle):
     with pytest.raises(wl.WorkloadError, match=needle):
