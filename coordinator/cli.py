@@ -12,6 +12,7 @@ from rich.console import Console
 
 from coordinator.launcher import ClusterError, ClusterSpec, LocalCluster
 from coordinator.planner.cli import add_parser as add_plan_parser
+from coordinator.planner.cli import add_profile_parser, run_profile
 from coordinator.planner.cli import run as run_plan
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from coordinator.redis_server import RedisNotFound, free_port
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="goodput and cost per goodput of OpenAI-compatible servers (see `tierserve bench --help`)",
                    add_help=False)
     add_plan_parser(sub)  # `tierserve plan`: coordinator/planner/cli.py
+    add_profile_parser(sub)  # `tierserve profile`: coordinator/planner/cli.py
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.cmd == "plan":
         return run_plan(a)
+    if a.cmd == "profile":
+        return run_profile(a)
     console = Console()
     try:
         return {"up": cmd_up, "demo": cmd_demo}[a.cmd](a, console)

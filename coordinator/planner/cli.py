@@ -1,11 +1,13 @@
-"""`tierserve plan`: search a deployment for a rate and an SLO, print it, write the plan file.
+"""`tierserve plan` and `tierserve profile`: the planner's two commands.
 
     tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --gpus 2xRTX4090,2xA100 --model llava-1.5-7b
     tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --budget 20 --storage sqlite:///plan.db
+    tierserve profile                          # a local 1 encode + 1 combined cluster, pinned to cores
+    tierserve profile --url http://host:8000   # a running cluster of one encode and one combined worker
 
-`add_parser` registers the subcommand (importing nothing heavy, so `tierserve --help` stays fast);
-`run` does the work. Bad input never ends in a traceback: it prints what is wrong and what to do,
-and exits 2.
+`add_parser` / `add_profile_parser` register the subcommands (importing nothing heavy, so
+`tierserve --help` stays fast); `run` / `run_profile` do the work. Bad input never ends in a
+traceback: it prints what is wrong and what to do, and exits 2.
 """
 
 from __future__ import annotations
@@ -136,3 +138,141 @@ def run(a: argparse.Namespace) -> int:
         console.print("[yellow]warning:[/] no request met the SLO in the prediction run; loosen --slo, lower "
                       "--rate or raise --budget")
     return 0
+
+
+PROFILE_EXAMPLES = """examples:
+  tierserve profile                                   # start a local cluster, profile it, write profiles/
+  tierserve profile --url http://127.0.0.1:8000 --out profiles/cpu.json
+  tierserve profile --repeats 1 --prompt-lengths 64,512 --decode-batches 1,8   # a quick look
+"""
+
+
+def parse_counts(text: str, flag: str) -> tuple[int, ...]:
+    """"1,2,4" -> (1, 2, 4): positive integers, at least one."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} must be a comma list of positive integers (e.g. 1,2,4), got {text!r}")
+    return values
+
+
+def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `profile` on the `tierserve` command's subparsers."""
+    p = subparsers.add_parser("profile", help="measure service times on the workers; write a Profile JSON",
+                              description="Measure a model's service times on one encode and one combined worker\n"
+                              "(HAS stage 1): encode seconds per batch size (B doubles until throughput\n"
+                              "saturates: C_E), prefill seconds per prompt length, decode step seconds per\n"
+                              "(batch, context), and the serving stack's overheads around them. Writes the\n"
+                              "Profile JSON the performance model and simulator read.",
+                              epilog=PROFILE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="coordinator of a running cluster (default: start a local one)")
+    p.add_argument("--out", help="file to write (default: profiles/<tier>-<model>.json)")
+    p.add_argument("--tier", help="catalog tier the workers run on (default: what the workers report)")
+    p.add_argument("--admin-token", help="the coordinator's --admin-token, if it has one")
+    local = p.add_argument_group("local cluster (without --url)")
+    local.add_argument("--model", help="checkpoint dir (default: the tiny LLaVA)")
+    local.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
+    local.add_argument("--no-pin-cores", action="store_true",
+                       help="let the workers float over all cores (default: one core each)")
+    m = p.add_argument_group("measurements")
+    m.add_argument("--max-encode-batch", type=int, default=64, help="largest B while doubling (default: %(default)s)")
+    m.add_argument("--prompt-lengths", default="32,128,512,1024,2000",
+                   help="prefill prompt tokens (default: %(default)s)")
+    m.add_argument("--decode-batches", default="1,2,4,8,16,32", help="decode burst sizes (default: %(default)s)")
+    m.add_argument("--decode-prompts", default="32,512",
+                   help="prompt tokens per decode sequence (default: %(default)s)")
+    m.add_argument("--output-tokens", type=int, default=32, help="tokens per decode request (default: %(default)s)")
+    m.add_argument("--repeats", type=int, default=3, help="measurements per point (default: %(default)s)")
+    m.add_argument("--max-prompt-tokens", type=int, default=2040,
+                   help="the model's context - 1 (default: %(default)s, the tiny LLaVA)")
+    m.add_argument("--step-token-budget", type=int, default=4096,
+                   help="the LLM worker's --max-num-batched-tokens (default: %(default)s)")
+    return p
+
+
+def _profile_settings(a: argparse.Namespace):
+    from coordinator.planner.profiling import ProfileSettings
+
+    for flag in ("threads", "max_encode_batch", "output_tokens", "repeats"):
+        if getattr(a, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(a, flag)}")
+    if a.output_tokens < 2:
+        raise ValueError(f"--output-tokens must be at least 2 (a decode step needs a second token), "
+                         f"got {a.output_tokens}")
+    too_long = [n for n in parse_counts(a.prompt_lengths, "--prompt-lengths") if n > a.max_prompt_tokens]
+    if too_long:
+        raise ValueError(f"--prompt-lengths {too_long} exceed --max-prompt-tokens {a.max_prompt_tokens} (the "
+                         f"model's context - 1); drop them or raise --max-prompt-tokens")
+    return ProfileSettings(
+        max_encode_batch=a.max_encode_batch, prompt_lengths=parse_counts(a.prompt_lengths, "--prompt-lengths"),
+        decode_batches=parse_counts(a.decode_batches, "--decode-batches"),
+        decode_prompts=parse_counts(a.decode_prompts, "--decode-prompts"), decode_output_tokens=a.output_tokens,
+        repeats=a.repeats, max_prompt_tokens=a.max_prompt_tokens, gate_prompt_tokens=min(2000, a.max_prompt_tokens),
+        step_token_budget=a.step_token_budget)
+
+
+def run_profile(a: argparse.Namespace) -> int:
+    """Profile, print, write; 0 on success, 2 on bad input or an unreachable/unsuitable cluster."""
+    import asyncio
+    import contextlib
+    import sys
+    from pathlib import Path
+
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from coordinator.launcher import ClusterError
+    from coordinator.planner.live_http import LiveClusterError
+    from coordinator.redis_server import RedisNotFound
+
+    console = Console()
+    try:
+        from coordinator.planner.catalog import load_catalog
+        from coordinator.planner.profile_report import print_profile, profile_progress
+        from coordinator.planner.profiling import planned_measurements, profile_cluster
+
+        settings = _profile_settings(a)
+        if a.tier:
+            load_catalog().resolve(a.tier)
+        command = "tierserve profile " + " ".join(sys.argv[2:])
+        with contextlib.ExitStack() as stack:
+            url, pids = (a.url, ()) if a.url else _start_local(a, console, stack)
+            with profile_progress(console, planned_measurements(settings, bool(pids))) as tick:
+                outcome = asyncio.run(profile_cluster(url, settings, a.tier, a.admin_token, command, tick, pids))
+        p = outcome.profile
+        path = Path(a.out or f"profiles/{p.tier}-{Path(p.model).name}.json")
+        p.save(path)
+    except (ValueError, ValidationError, KeyError, LiveClusterError, ClusterError, RedisNotFound, OSError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        console.print(f"[red]error:[/] {message}", highlight=False)
+        return 2
+    print_profile(console, outcome, path)
+    return 0
+
+
+def _start_local(a: argparse.Namespace, console, stack) -> tuple[str, tuple[int, ...]]:
+    """One encode + one combined worker, each pinned to a core, stopped when `stack` closes; returns the
+    URL and the pids of the serving stack beside the workers (coordinator, Redis), whose CPU is measured."""
+    from pathlib import Path
+
+    from coordinator.launcher import ClusterSpec, LocalCluster
+    from coordinator.protocol.models import DEFAULT_MODEL_DIR
+    from coordinator.redis_server import free_port
+
+    spec = ClusterSpec(encode_workers=1, llm_roles=["combined"], model_dir=Path(a.model or DEFAULT_MODEL_DIR),
+                       port=free_port(), threads=a.threads, pin_cores=not a.no_pin_cores)
+    cluster = LocalCluster(spec)
+    with console.status("starting a local cluster: redis, coordinator, 1 encode + 1 combined worker..."):
+        stack.enter_context(cluster)
+    console.print(f"local cluster at {cluster.url} (logs: {cluster.log_dir})")
+    return cluster.url, stack_pids(cluster)
+
+
+def stack_pids(cluster) -> tuple[int, ...]:
+    """The local cluster's coordinator and private Redis processes (not the workers)."""
+    pids = [cluster.procs["coordinator"].pid]
+    if cluster.redis is not None:
+        pids.append(cluster.redis.proc.pid)
+    return tuple(pids)

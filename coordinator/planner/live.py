@@ -1,16 +1,14 @@
 """The "live" trial backend: a trial applies its knobs to a running cluster and replays the workload.
 
-Applying is wired: `apply_policy` PUTs the trial's PolicyConfig to the coordinator's
-/v1/admin/policy (every section in full, so no knob of an earlier trial survives), checks that the
-coordinator echoed exactly that policy, and waits `settle_s` for the encode workers, which re-read
-their knobs at most once a second.
+Applying: `apply_policy` PUTs the trial's PolicyConfig to the coordinator's /v1/admin/policy (every
+section in full, so no knob of an earlier trial survives), checks that the coordinator echoed exactly
+that policy, and waits `settle_s` for the encode workers, which re-read their knobs at most once a second.
 
-Replaying is NOT wired yet: the backend takes a `Replayer` that sends the workload's requests through
-the coordinator and returns a goodput Summary measured client-side (TTFT/TPOT per request). The
-benchmark client that does this lives in benchmarks/, which coordinator/ must not import; a replayer
-belongs in coordinator/ once the fidelity benchmark needs one. Until then evaluate() raises
-LiveTrialError saying so. Changing the allocation needs a redeploy (the admin endpoint only moves
-knobs), so a live search can only vary the knobs of the allocation the cluster runs.
+Replaying: a `Replayer` sends the workload's requests through the coordinator and returns a goodput
+Summary measured client-side (TTFT/TPOT per request). The default is replay.py's HttpReplayer
+(open-loop streaming replay against the client's base URL), so a live trial runs end to end; tests
+inject their own. Changing the allocation needs a redeploy (the admin endpoint only moves knobs), so a
+live search can only vary the knobs of the allocation the cluster runs.
 """
 
 from __future__ import annotations
@@ -23,6 +21,8 @@ import httpx
 
 from coordinator.planner.allocation import Allocation
 from coordinator.planner.goodput import SLO, Summary
+from coordinator.planner.live_http import LiveClusterError
+from coordinator.planner.replay import HttpReplayer
 from coordinator.planner.space import TrialConfig
 from coordinator.planner.trials import TrialOutcome
 from coordinator.planner.workload import Workload
@@ -31,7 +31,7 @@ from coordinator.policies.base import PolicyConfig
 POLICY_PATH = "/v1/admin/policy"
 
 
-class LiveTrialError(RuntimeError):
+class LiveTrialError(LiveClusterError):
     """A live trial could not run; the message says why and what to do."""
 
 
@@ -79,14 +79,15 @@ class LiveBackend:
         self.slo = slo
         self.requests = requests
         self.seed = seed
-        self.replayer = replayer
+        self.replayer = replayer or HttpReplayer(str(client.base_url))
+        """Sends the workload and judges it; default: HttpReplayer at the client's base URL."""
         self.admin_token = admin_token
         self.settle_s = settle_s
         """Seconds to wait after applying knobs: encode workers re-read them at most once a second."""
         self.sleep = sleep
 
     def apply(self, config: TrialConfig) -> PolicyConfig:
-        """Put the trial's knobs in force on the cluster (the part of a live trial that is wired)."""
+        """Put the trial's knobs in force on the cluster."""
         if config.allocation != self.deployed:
             raise LiveTrialError(f"trial wants allocation {config.allocation.label()}, but the cluster runs "
                                  f"{self.deployed.label()}; the admin endpoint only changes knobs, so search one "
@@ -97,8 +98,10 @@ class LiveBackend:
 
     def evaluate(self, config: TrialConfig) -> TrialOutcome:
         self.apply(config)
-        if self.replayer is None:
-            raise LiveTrialError("live replay is not wired yet: the knobs were applied, but no Replayer was given "
-                                 "to send the workload and measure TTFT/TPOT; use the sim backend for now")
-        summary = self.replayer.replay(self.workload, self.requests, self.seed, self.slo)
+        try:
+            summary = self.replayer.replay(self.workload, self.requests, self.seed, self.slo)
+        except LiveTrialError:
+            raise
+        except LiveClusterError as exc:
+            raise LiveTrialError(f"trial {config.label()}: the replay failed: {exc}") from None
         return TrialOutcome.from_summary(summary, self.cost_per_hour, self.name)

@@ -5,10 +5,29 @@ max(FLOPs / (peak * compute_efficiency), bytes / (bandwidth * memory_efficiency)
 overhead: whichever of compute or memory traffic takes longer bounds it. Encoders and prefill come
 out compute-bound, decode memory-bound (weights and KV cache are read once per step), which is the
 asymmetry the tiered design is built on. Transfers are bytes over the narrowest link plus a latency.
+
+A profile measured on a live cluster may also carry the serving stack's overheads (profile.py,
+ProfileOverheads): with `overheads=True` (the default) they are added where they occur: busy time
+to the stage's service time, the measured hop as the transfer latency into that tier, and the
+request latency outside every worker through `request_latency_s`, which the simulator adds to TTFT.
+The engine loop's per-step cost is counted once per step, with its decode part (decode_step_s); a
+prefill adds only what its step measured beyond that (prefill_step_s - decode_step_s). So a step that
+prefills and decodes pays the loop once, as live; a step with prefills alone is short by the loop's
+fixed part (under a millisecond on the CPU tier: it only shows in an idle cluster's TTFT).
+
+When the workers share their host's cores with the serving stack (a CPU cluster on one machine), the
+stack's CPU work at the offered load takes a share of those cores: with `host_contention=True`,
+`under_load(rate, tokens)` gives a view whose every time is stretched by
+1 / (1 - stack CPU per second / shared cores), a first-order processor-sharing estimate; the
+simulator asks for it with the workload's own rate. It is off by default: it assumes the stack's
+work lands evenly on busy cores, while a scheduler puts it on idle ones when there are, and on the
+shared host it was measured on the benchmark could not tell it from noise
+(benchmarks/results/sim_fidelity.json, "contention").
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -17,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.planner.arch import ModelArch
 from coordinator.planner.catalog import Catalog, Tier
-from coordinator.planner.profile import Profile
+from coordinator.planner.profile import Profile, ProfileOverheads
 from coordinator.planner.service import Modality
 
 ACTIVATION_PASSES = 8
@@ -106,8 +125,15 @@ class PerfModel:
     """ServiceTimes for one model: measured profiles first, then the roofline estimate of each tier."""
 
     def __init__(self, catalog: Catalog, arch: ModelArch, profiles: Mapping[str, Profile] | Iterable[Profile] = (),
-                 roofline: RooflineConfig | None = None, network: NetworkConfig | None = None) -> None:
+                 roofline: RooflineConfig | None = None, network: NetworkConfig | None = None,
+                 overheads: bool = True, host_contention: bool = False) -> None:
         self.catalog = catalog
+        self.use_overheads = overheads
+        """Apply the profiles' measured overheads; False reads their compute points alone."""
+        self.host_contention = host_contention
+        """Let under_load stretch times by the serving stack's share of the shared cores."""
+        self.slowdown = 1.0
+        """Every time is multiplied by this (> 1 under host CPU contention; see under_load)."""
         self.arch = arch
         self.roofline = roofline or RooflineConfig()
         self.network = network or NetworkConfig()
@@ -154,15 +180,43 @@ class PerfModel:
     def _profile(self, tier: str) -> Profile | None:
         return self.profiles.get(self._rates_of(tier).name)
 
+    def _overheads(self, tier: str) -> ProfileOverheads | None:
+        p = self._profile(tier) if self.use_overheads else None
+        return p.overheads if p is not None else None
+
+    def request_latency_s(self) -> float:
+        """Seconds every request spends outside the workers (the coordinator's hops): the largest any
+        profile measured, as it belongs to the serving stack rather than to one tier; 0 without one."""
+        if not self.use_overheads:
+            return 0.0
+        found = (p.overheads.request_latency_s for p in self.profiles.values() if p.overheads)
+        return max(found, default=0.0) * self.slowdown
+
+    def stack_load(self, rate: float, output_tokens: float) -> float:
+        """Share of the shared cores the serving stack keeps busy at `rate` req/s of `output_tokens`
+        tokens each: the largest over profiles that measured it (0 when none did, or overheads are off)."""
+        shares = [(o.stack_cpu_request_s + o.stack_cpu_token_s * output_tokens) * rate / o.shared_cores
+                  for p in self.profiles.values() if (o := p.overheads) is not None and o.shared_cores]
+        return max(shares, default=0.0) if self.use_overheads and self.host_contention else 0.0
+
+    def under_load(self, rate: float, output_tokens: float) -> PerfModel:
+        """A view of this model at an offered load: times stretched by the stack's share of the cores
+        (capped at 90 %: beyond that the first-order estimate means nothing); unchanged times unless
+        host_contention is on."""
+        view = copy.copy(self)
+        view.slowdown = self.slowdown / (1.0 - min(0.9, self.stack_load(rate, output_tokens)))
+        return view
+
     def encode_s(self, tier: str, modality: Modality, batch: int, tokens_per_item: int) -> float:
         _check_counts(batch=batch, tokens_per_item=tokens_per_item)
         if batch == 0:
             return 0.0
         p = self._profile(tier)
         measured = p.encode_s(modality, batch, tokens_per_item) if p else None
-        if measured is not None:
-            return measured
-        return self.roofline_s(tier, *encode_cost(self.arch, modality, batch, tokens_per_item))
+        if measured is None:
+            measured = self.roofline_s(tier, *encode_cost(self.arch, modality, batch, tokens_per_item))
+        o = self._overheads(tier)
+        return (measured if o is None else measured + o.encode_batch_s + o.encode_request_s * batch) * self.slowdown
 
     def prefill_s(self, tier: str, tokens: int) -> float:
         _check_counts(tokens=tokens)
@@ -170,7 +224,10 @@ class PerfModel:
             return 0.0
         p = self._profile(tier)
         measured = p.prefill_s(tokens) if p else None
-        return measured if measured is not None else self.roofline_s(tier, *prefill_cost(self.arch, tokens))
+        if measured is None:
+            measured = self.roofline_s(tier, *prefill_cost(self.arch, tokens))
+        o = self._overheads(tier)
+        return (measured if o is None else measured + max(0.0, o.prefill_step_s - o.decode_step_s)) * self.slowdown
 
     def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
         if batch < 0 or context_tokens < 0:  # the hottest call in a simulation: check without building kwargs
@@ -179,9 +236,10 @@ class PerfModel:
             return 0.0
         p = self._profile(tier)
         measured = p.decode_step_s(batch, context_tokens) if p else None
-        if measured is not None:
-            return measured
-        return self.roofline_s(tier, *decode_cost(self.arch, batch, context_tokens))
+        if measured is None:
+            measured = self.roofline_s(tier, *decode_cost(self.arch, batch, context_tokens))
+        o = self._overheads(tier)
+        return (measured if o is None else measured + o.decode_step_s + o.decode_seq_s * batch) * self.slowdown
 
     def link_bytes_s(self, src_tier: str, dst_tier: str, same_host: bool) -> float:
         """Bandwidth of the narrowest link on the way: NVLink between same-tier NVLink GPUs of one host,
@@ -204,4 +262,7 @@ class PerfModel:
         if nbytes == 0:
             return 0.0
         latency = self.network.host_latency_s if same_host else self.network.network_latency_s
-        return nbytes / self.link_bytes_s(src_tier, dst_tier, same_host) + latency
+        o = self._overheads(dst_tier)
+        if o is not None:
+            latency = o.hop_s  # measured end to end: the send, the job message, the receiver's intake
+        return (nbytes / self.link_bytes_s(src_tier, dst_tier, same_host) + latency) * self.slowdown

@@ -45,7 +45,8 @@ class EncodePoint(BaseModel):
     batch: int = Field(ge=1)
     """Items in the batch."""
     seconds: float = Field(ge=0)
-    """Wall time of the forward, preprocessing excluded."""
+    """Wall time of the encoder call over the batch, as the worker reports it (`tierserve profile`
+    records Encoder.encode, which on the CPU tier decodes and preprocesses the images inline)."""
 
 
 class EncodeCurve(BaseModel):
@@ -84,6 +85,65 @@ class DecodePoint(BaseModel):
     """Wall time of the step."""
 
 
+class ProfileOverheads(BaseModel):
+    """What the serving stack adds around the compute the points above time, measured on the same cluster.
+
+    The points are the workers' own compute timings (encoder call, engine step); a live request also
+    pays the hops around them. Busy-time overheads lengthen a worker's service time (PerfModel adds
+    them to encode_s / prefill_s / decode_step_s); latencies delay a request without occupying a worker.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    encode_batch_s: float = Field(0.0, ge=0)
+    """Encode-worker busy seconds per micro-batch outside the encoder call (media fetch, GPU claim,
+    routing), the intercept of a line fitted over batch sizes."""
+    encode_request_s: float = Field(0.0, ge=0)
+    """Encode-worker busy seconds per request of a batch outside the encoder call (sending its
+    embeddings, pushing its prefill job): the slope of that line."""
+    prefill_step_s: float = Field(0.0, ge=0)
+    """LLM-worker seconds around a prefill-only step beyond its compute (admission, the thread hop,
+    publishing): it includes the loop's per-step part, which PerfModel counts once per step."""
+    decode_step_s: float = Field(0.0, ge=0)
+    """LLM-worker seconds per decode step beyond its compute (the engine loop, publishing tokens): intercept."""
+    decode_seq_s: float = Field(0.0, ge=0)
+    """The same, per sequence in the step (one token event each): slope."""
+    hop_s: float = Field(0.0, ge=0)
+    """Latency of one hand-over between workers (embeddings sent -> prefill job admitted), used as the
+    transfer latency to this tier's workers."""
+    request_latency_s: float = Field(0.0, ge=0)
+    """Latency every request pays outside any worker (HTTP, tokenization, media store, dispatch,
+    relaying the first token to the client): an idle cluster's streaming TTFT minus the workers' busy
+    time, for a request that goes on decoding (its first token is published while the next step runs)."""
+    stack_cpu_request_s: float = Field(0.0, ge=0)
+    """CPU seconds the serving stack outside the workers (coordinator, Redis, and the load generator
+    when it runs on the same host) spends per streamed request, beyond its tokens."""
+    stack_cpu_token_s: float = Field(0.0, ge=0)
+    """The same per streamed output token (relaying it, parsing its chunk)."""
+    shared_cores: int = Field(0, ge=0)
+    """Cores the workers share with that stack (the host's, on a one-host CPU cluster); 0: the stack
+    runs elsewhere and takes nothing from the workers (no contention modelled)."""
+
+
+class Stage1(BaseModel):
+    """HAS stage 1's figures as measured (doubling B; stress workloads), for reports and sanity checks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    encode_items_per_s: float = Field(ge=0)
+    """Best encoder throughput seen while doubling B (C_E for one item per request)."""
+    encode_batch: int = Field(ge=1)
+    """The B that gave it."""
+    encode_batch_capped: bool = False
+    """Doubling stopped at the encode worker's own batch cap, not because throughput saturated."""
+    prefill_tokens_per_s: float = Field(ge=0)
+    """Best prefill throughput over the measured prompt lengths (C_P = this / prompt tokens)."""
+    decode_tokens_per_s: float = Field(ge=0)
+    """Best decode throughput (batch / step seconds) over the stress bursts (C_D = this / (output - 1))."""
+    decode_batch: int = Field(ge=0)
+    """The batch that gave it."""
+
+
 class Profile(BaseModel):
     """Everything measured for one model on one tier."""
 
@@ -103,6 +163,10 @@ class Profile(BaseModel):
     """Prefill measurements; empty falls back to the roofline estimate."""
     decode: tuple[DecodePoint, ...] = ()
     """Decode-step measurements; empty falls back to the roofline estimate."""
+    overheads: ProfileOverheads | None = None
+    """The serving stack's cost around the compute points; None: not measured (compute only)."""
+    stage1: Stage1 | None = None
+    """Capacities as measured; None for hand-written profiles."""
 
     @model_validator(mode="after")
     def _some_points(self) -> Profile:

@@ -24,7 +24,12 @@ Modelling choices (and limits):
 - Transfers never contend for a link; they only add latency (embeddings: a few MB; DESIGN: < 2.5 %).
 - LLM engines are limited by max_num_seqs and the token budget; KV-cache memory is not modelled.
 - E+P sharing: see sim_gpu.py. Work stealing only on E nodes.
-- Token streaming to the client is free: the first token counts when its prefill step ends.
+- Token streaming to the client is free: the first token counts when its prefill step ends, plus the
+  service's `request_latency_s()` when it has one (PerfModel: the coordinator's measured hops, a
+  constant per request, so it shifts TTFT and finish times without changing any queue).
+- A service with `under_load(rate, output_tokens)` (PerfModel) is asked for its view at the run's
+  offered load (requests over their arrival span, mean output length): on a one-host CPU cluster the
+  serving stack's own CPU work slows the workers sharing its cores.
 """
 
 from __future__ import annotations
@@ -187,7 +192,12 @@ class Simulator:
                              f"e.g. (request, tokens) {too_long[:3]}")
         if any(b.arrival < a.arrival for a, b in zip(requests, requests[1:])):
             raise ValueError("requests must be in arrival order")
-        cluster = Cluster(self.deployment, self.service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
+        service = self.service
+        loaded = getattr(service, "under_load", None)  # optional, like request_latency_s below
+        if loaded is not None and len(requests) > 1 and requests[-1].arrival > requests[0].arrival:
+            rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+            service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
+        cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
                           self.default_tpcs, self.coast)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
@@ -200,6 +210,12 @@ class Simulator:
         if flights:
             events.at(flights[0].record.request.arrival, arrive, 0)
         events.run()
+        latency = getattr(service, "request_latency_s", None)  # optional: ServiceTimes need not have it
+        shift = latency() if latency is not None else 0.0
+        if shift:
+            for f in flights:
+                f.record.first_token += shift
+                f.record.finish += shift
         stats = [EncodeStats(e.name, e.router.counts, 0 if e.stealing is None else e.stealing.stolen_total,
                              0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
         return SimResult([f.record for f in flights], cluster.usage, stats, events.processed)

@@ -1,5 +1,6 @@
-"""The live trial backend's wired part: applying a trial's knobs through the real coordinator app's
-PUT /v1/admin/policy (FastAPI TestClient, real Redis). Replay is not wired yet and says so."""
+"""The live trial backend: applying a trial's knobs through the real coordinator app's PUT /v1/admin/policy
+(FastAPI TestClient, real Redis), and handing the replay to its Replayer (a whole live trial against
+real workers is in test_replay.py)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,15 @@ def test_another_allocation_needs_a_redeploy(client):
         backend(client).apply(other)
 
 
-def test_evaluate_without_a_replayer_applies_then_says_replay_is_not_wired(client):
+def test_evaluate_applies_then_replays_through_the_default_replayer(client):
+    from coordinator.planner.replay import HttpReplayer
+
+    b = backend(client)
+    assert isinstance(b.replayer, HttpReplayer) and b.replayer.url == "http://testserver"
     config = TrialConfig(allocation=DEPLOYED, knobs=Knobs(batch=3, s=0.5))
-    with pytest.raises(LiveTrialError, match="live replay is not wired yet"):
-        backend(client).evaluate(config)
+    # The TestClient serves no real socket, so the replay cannot connect: a clear error, after the knobs.
+    with pytest.raises(LiveTrialError, match="the replay failed: cannot reach the coordinator at http://testserver"):
+        b.evaluate(config)
     now = client.get("/v1/admin/policy", headers={"Authorization": "Bearer sesame"}).json()
     assert now["batch"]["max_batch"] == 3 and now["offload"]["s"] == 0.5
 

@@ -1,0 +1,196 @@
+"""Simulator fidelity: the local CPU cluster vs the planner's simulator on the same workload.
+
+Brings up the local cluster (real workers, the tiny LLaVA: 1 encode + 1 combined worker, each pinned to
+a core, pass-through batching). Per arrival rate: profiles it (the profiling module, `tierserve
+profile`'s code), replays an open-loop Poisson workload through it twice (coordinator/planner/replay.py;
+the two live runs' difference is the noise floor of the shared host), and simulates the same deployment
+(`E@cpu, P+D@cpu`) on the same requests (same count and seed: the same arrival times and prompt/output
+lengths). Reports the simulator's relative error on goodput, P50 TTFT and mean TPOT against the mean of
+the two live runs, for three readings of the profile:
+  compute    the workers' compute points alone (the "before");
+  overheads  + the serving stack's measured overheads (per batch/step, hops, request latency): the
+             "after", what PerfModel reads from a profile by default;
+  contention + the stack's CPU taking its share of the 2 shared cores at the offered load (PerfModel's
+             opt-in host_contention), reported to show whether the data support it.
+The profile is taken right before each rate's replays because the host is shared with other jobs:
+one taken minutes earlier may describe another background load. Writes JSON with the command and
+the load average around every replay (absolute times hold only for this host and its load then).
+
+    python -m benchmarks.sim_fidelity --rates 2 5 8 --requests 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from coordinator.launcher import ClusterSpec, LocalCluster
+from coordinator.planner.arch import get_arch
+from coordinator.planner.catalog import load_catalog
+from coordinator.planner.deployment import Deployment, EngineLimits
+from coordinator.planner.goodput import SLO, Summary
+from coordinator.planner.perf import PerfModel
+from coordinator.planner.profile import Profile
+from coordinator.planner.profiling import (
+    ProfileSettings,
+    planned_measurements,
+    profile_cluster,
+)
+from coordinator.planner.replay import HttpReplayer, summarize_replay
+from coordinator.planner.sim import SimResult, Simulator
+from coordinator.planner.workload import ArrivalProcess, RequestClass, Uniform, Workload
+from coordinator.policies.base import BatchPolicyConfig
+from coordinator.redis_server import free_port
+
+DEPLOYMENT = "E@cpu, P+D@cpu"
+METRICS = {"goodput_rps": "goodput", "ttft_p50_s": "P50 TTFT", "tpot_mean_s": "mean TPOT",
+           "goodput_tight_rps": "goodput, tight SLO"}
+"""Compared metrics. Under the main SLO (~4x the idle TTFT/TPOT) nearly every request is good below
+saturation, so goodput there mostly checks throughput; the tight SLO (~1.5x) makes it depend on the
+latency distributions."""
+
+
+def workload(rate: float, tokens_per_image: int) -> Workload:
+    """One image per request; text and output lengths vary so steps mix prefills and decodes."""
+    return Workload(arrivals=ArrivalProcess(rate=rate), mix=[RequestClass(
+        modality="image", tokens_per_item=tokens_per_image, prompt_tokens=Uniform(low=16, high=128),
+        output_tokens=Uniform(low=16, high=48))])
+
+
+VARIANTS = ("compute", "overheads", "contention")
+
+
+def simulate(profile: Profile, requests, variant: str) -> SimResult:
+    """The simulator on one reading of the profile (VARIANTS)."""
+    arch = get_arch(profile.model)
+    perf = PerfModel(load_catalog(), arch, [profile], overheads=variant != "compute",
+                     host_contention=variant == "contention")
+    dep = Deployment.parse(DEPLOYMENT, batch=BatchPolicyConfig(name="pass_through"),
+                           engine=EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096))
+    sim = Simulator(dep, perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
+                    embedding_bytes_per_token=arch.embedding_bytes(1))
+    return sim.run(requests)
+
+
+def figures(s: Summary, tight: Summary) -> dict:
+    return {"goodput_rps": round(s.goodput_rps, 4), "throughput_rps": round(s.throughput_rps, 4),
+            "slo_attainment": round(s.slo_attainment, 4), "ttft_p50_s": round(s.ttft_p50_s, 5),
+            "ttft_p99_s": round(s.ttft_p99_s, 5), "tpot_mean_s": round(s.tpot_mean_s, 6),
+            "goodput_tight_rps": round(tight.goodput_rps, 4), "slo_attainment_tight": round(tight.slo_attainment, 4),
+            "duration_s": round(s.duration_s, 3)}
+
+
+def relative(value: dict, ref: dict) -> dict[str, float | None]:
+    """(value - ref) / ref per metric; None where ref is 0."""
+    return {k: round((value[k] - ref[k]) / ref[k], 4) if ref[k] else None for k in METRICS}
+
+
+def replay(replayer: HttpReplayer, requests, slos: tuple[SLO, SLO], progress: Progress, label: str) -> dict:
+    task = progress.add_task(label, total=len(requests))
+    replayer.on_done = lambda _r: progress.advance(task)
+    load_before = os.getloadavg()[0]
+    records, mean_batch = replayer.run(requests)
+    judged = [summarize_replay(records, slo, mean_batch) for slo in slos]
+    return {"figures": figures(*judged), "failed": sum(not r.ok for r in records),
+            "prompt_token_mismatches": sum(r.ok and r.prompt_tokens != r.request.prompt_tokens for r in records),
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+
+
+def one_rate(cluster: LocalCluster, rate: float, a: argparse.Namespace, slos: tuple[SLO, SLO], command: str,
+             progress: Progress) -> dict:
+    settings = ProfileSettings(repeats=a.repeats)
+    pids = [cluster.procs["coordinator"].pid] + ([cluster.redis.proc.pid] if cluster.redis else [])
+    task = progress.add_task(f"profile before {rate:g} req/s", total=planned_measurements(settings, True))
+    outcome = asyncio.run(profile_cluster(cluster.url, settings, source=command, stack_pids=pids,
+                                          tick=lambda n: progress.advance(task, n)))
+    profile = outcome.profile
+    requests = workload(rate, profile.encode["image"].tokens_per_item).generate(a.requests, seed=a.seed)
+    replayer = HttpReplayer(cluster.url)
+    runs = [replay(replayer, requests, slos, progress, f"{rate:g} req/s, live run {i + 1}") for i in range(2)]
+    live = {k: (runs[0]["figures"][k] + runs[1]["figures"][k]) / 2 for k in METRICS}
+    results = {v: simulate(profile, requests, v) for v in VARIANTS}
+    sims = {v: figures(*(r.summary(slo) for slo in slos)) for v, r in results.items()}
+    return {"rate": rate, "live_runs": runs, "live_mean": live,
+            "noise_floor": {k: round(abs(runs[0]["figures"][k] - runs[1]["figures"][k]) / live[k], 4) if live[k] else None
+                            for k in METRICS},
+            "sim": sims, "error": {v: relative(sims[v], live) for v in VARIANTS},
+            "profile_notes": outcome.notes, "profile": profile.model_dump(mode="json")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sim_fidelity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", type=float, nargs="+", default=[2.0, 5.0, 8.0], help="arrival rates, req/s")
+    p.add_argument("--requests", type=int, default=150, help="requests per rate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    p.add_argument("--slo-ttft", type=float, default=0.2, help="TTFT SLO, seconds (default: %(default)s)")
+    p.add_argument("--slo-tpot", type=float, default=0.015, help="TPOT SLO, seconds (default: %(default)s)")
+    p.add_argument("--tight-slo-ttft", type=float, default=0.075, help="tight TTFT SLO (default: %(default)s)")
+    p.add_argument("--tight-slo-tpot", type=float, default=0.0075, help="tight TPOT SLO (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="profiling repeats per point (default: %(default)s)")
+    p.add_argument("--no-pin-cores", action="store_true", help="let the workers float over all cores")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim_fidelity.json"))
+    a = p.parse_args(argv)
+    if a.requests < 2 or a.repeats < 1 or any(r <= 0 for r in a.rates):
+        p.error("--requests must be >= 2, --repeats >= 1 and every rate > 0")
+    console = Console()
+    slo = SLO(ttft_s=a.slo_ttft, tpot_s=a.slo_tpot)
+    slos = (slo, SLO(ttft_s=a.tight_slo_ttft, tpot_s=a.tight_slo_tpot))
+    command = " ".join(["python -m benchmarks.sim_fidelity", *(sys.argv[1:] if argv is None else argv)])
+    spec = ClusterSpec(encode_workers=1, llm_roles=["combined"], port=free_port(), pin_cores=not a.no_pin_cores)
+    with LocalCluster(spec) as cluster, Progress(console=console, transient=True) as progress:
+        cells = [one_rate(cluster, rate, a, slos, command, progress) for rate in a.rates]
+    report = {"command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cores": os.cpu_count(), "note": "shared with other jobs; load averages per replay"},
+              "cluster": "1 encode + 1 combined worker, tiny-llava, pass-through batching, "
+                         + ("each worker pinned to a core" if not a.no_pin_cores else "workers floating"),
+              "deployment_simulated": DEPLOYMENT, "slo": slo.model_dump(), "slo_tight": slos[1].model_dump(),
+              "requests_per_rate": a.requests,
+              "seed": a.seed, "workload": workload(1.0, 196).model_dump(mode="json")["mix"],
+              "variants": {"compute": "the profile's compute points alone (before)",
+                           "overheads": "+ measured serving-stack overheads (per batch/step, hops, request latency) "
+                                        "(after: PerfModel's default)",
+                           "contention": "+ the stack's CPU sharing the host's cores at the offered load "
+                                         "(PerfModel(host_contention=True), opt-in)"},
+              "error": "(sim - mean of the two live runs) / that mean; noise_floor = |run1 - run2| / mean",
+              "target": "|error| <= 0.10", "rates": cells}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(console, cells, slo)
+    console.print(f"wrote {a.out}")
+    return 0
+
+
+def print_table(console: Console, cells: list[dict], slo: SLO) -> None:
+    """One row per rate and reading: the live means, the noise floor, then each reading's errors."""
+    table = Table(title=f"simulator vs live (SLO: TTFT <= {slo.ttft_s}s, TPOT <= {slo.tpot_s}s)")
+    for col in ("rate", "row", *METRICS.values()):
+        table.add_column(col, justify="right")
+    for c in cells:
+        live = c["live_mean"]
+        table.add_row(f"{c['rate']:g}", "live (mean of 2)", f"{live['goodput_rps']:.2f}/s",
+                      f"{live['ttft_p50_s'] * 1e3:.1f} ms", f"{live['tpot_mean_s'] * 1e3:.2f} ms",
+                      f"{live['goodput_tight_rps']:.2f}/s")
+        table.add_row("", "noise floor (|run 1 - run 2|)", *("n/a" if c["noise_floor"][k] is None
+                                                              else f"{c['noise_floor'][k]:.1%}" for k in METRICS))
+        for v in VARIANTS:
+            table.add_row("", f"error: {v}", *(_pct(c["error"][v][k]) for k in METRICS),
+                          end_section=v == VARIANTS[-1])
+    console.print(table)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
