@@ -75,15 +75,18 @@ async def _one(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict:
             "tpot": (stamps[-1] - stamps[0]) / (tokens - 1) if tokens > 1 else 0.0}
 
 
-async def run_trace(url: str, gaps: list[float], max_tokens: int, progress: Progress, label: str) -> tuple[list[dict], float]:
-    """Open loop: request i starts at sum(gaps[:i]) whatever the earlier ones are doing."""
+async def run_trace(url: str, gaps: list[float], max_tokens: int, progress: Progress, label: str,
+                    one=None, timeout_s: float = 120) -> tuple[list[dict], float]:
+    """Open loop: request i starts at sum(gaps[:i]) whatever the earlier ones are doing; `one(client, i,
+    max_tokens)` sends request i (default: a streaming image request measuring TTFT/TPOT)."""
+    one = one or _one
     task = progress.add_task(label, total=len(gaps))
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s) as client:
         start = time.perf_counter()
 
         async def at(i: int, offset: float) -> dict:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-            out = await _one(client, i, max_tokens)
+            out = await one(client, i, max_tokens)
             progress.advance(task)
             return out
 

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from benchmarks.control_point import run_trace
 from benchmarks.stats import percentile
 from coordinator.demo import data_url, demo_image
 from coordinator.launcher import ClusterSpec, LocalCluster
@@ -82,22 +83,6 @@ async def _one(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict:
             "gate_wait": at["encode_start"] - at["encode_dequeued"]}
 
 
-async def run_trace(url: str, gaps: list[float], max_tokens: int, progress: Progress, label: str) -> tuple[list[dict], float]:
-    task = progress.add_task(label, total=len(gaps))
-    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
-        start = time.perf_counter()
-
-        async def at(i: int, offset: float) -> dict:
-            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-            out = await _one(client, i, max_tokens)
-            progress.advance(task)
-            return out
-
-        offsets = [sum(gaps[: i + 1]) for i in range(len(gaps))]
-        rows = await asyncio.gather(*(at(i, off) for i, off in enumerate(offsets)))
-        return rows, time.perf_counter() - start
-
-
 def _stats(url: str) -> dict[str, dict]:
     return {w["worker_id"]: w["stats"] for w in httpx.get(f"{url}/v1/cluster", timeout=10).json()["workers"]}
 
@@ -147,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ClusterSpec(port=free_port(), model_dir=model, model_name="bench", steal=True, pin_cores=True,
                        llm_args=["--max-num-seqs", str(a.max_num_seqs)])
     with LocalCluster(spec) as cluster, Progress(console=console) as progress:
-        asyncio.run(run_trace(cluster.url, [0.2] * 4, 4, progress, "warm-up"))
+        asyncio.run(run_trace(cluster.url, [0.2] * 4, 4, progress, "warm-up", one=_one, timeout_s=300))
         for name in a.workloads:
             w = WORKLOADS[name]
             rng = random.Random(a.seed)
@@ -156,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 _set_stealing(cluster.url, enabled, a.threshold, a.max_stolen)
                 before = _stats(cluster.url).get("llm-steal-0", {})
                 rows, wall = asyncio.run(run_trace(cluster.url, gaps, w["max_tokens"], progress,
-                                                   f"{name} stealing {'on' if enabled else 'off'}"))
+                                                   f"{name} stealing {'on' if enabled else 'off'}", one=_one, timeout_s=300))
                 time.sleep(2.5)  # the next heartbeat carries the stealing worker's counters
                 after = _stats(cluster.url).get("llm-steal-0", {})
                 delta = {k: after.get(k, 0) - before.get(k, 0)
