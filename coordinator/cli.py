@@ -40,6 +40,9 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     p.add_argument("--steal", action="store_true",
                    help="start a combined worker beside each encode worker and turn work stealing on: it serves "
                         "whole requests while the encoder is idle")
+    p.add_argument("--transport", default="local", choices=["local", "tcp", "ucx", "nixl"],
+                   help="how embeddings and KV caches move between workers (default: %(default)s; ucx and nixl "
+                        "need their packages, see transport/README.md)")
     p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
     api = p.add_argument_group("API limits (passed to the coordinator)")
@@ -71,10 +74,15 @@ def coordinator_flags(a: argparse.Namespace) -> list[str]:
 def spec_from(a: argparse.Namespace) -> ClusterSpec:
     from pathlib import Path
 
+    from transport.registry import unavailable
+
+    if (why := unavailable(a.transport)) is not None:
+        raise ClusterError(f"--transport {a.transport}: {why}; or use --transport tcp or local")
     return ClusterSpec(
         encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
         model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
         port=a.port or free_port(), threads=a.threads, local_prefill=a.local_prefill, steal=a.steal, coordinator_args=coordinator_flags(a),
+        transport=a.transport,
     )
 
 

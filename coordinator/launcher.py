@@ -49,6 +49,8 @@ class ClusterSpec:
     """Extra flags for every `python -m llm_node` (e.g. --max-num-seqs 4 to emulate a KV-memory limit)."""
     coordinator_args: list[str] = field(default_factory=list)
     """Extra flags for `python -m coordinator.serve`."""
+    transport: str = "local"
+    """Tensor transport of every worker (local, tcp, ucx, nixl; transport/README.md)."""
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -115,7 +117,7 @@ class LocalCluster:
             self.redis = PrivateRedis().start()
             self.redis_url = self.redis.url
         common = ["--redis-url", self.redis_url, "--key-prefix", s.key_prefix, "--model", str(s.model_dir),
-                  "--model-name", s.model_name, "--threads", str(s.threads)]
+                  "--model-name", s.model_name, "--threads", str(s.threads), "--transport", s.transport]
         for i in range(s.encode_workers):
             self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common], device=i)
         if s.local_prefill:

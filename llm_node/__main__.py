@@ -58,7 +58,7 @@ async def amain(cfg: LLMWorkerConfig) -> None:
     engine = ReferenceEngine(model, tokenizer, EngineConfig(
         role=cfg.role, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=budget))
     # The prefix is part of the receiver's name so two clusters on one host never share a socket.
-    receiver = make_receiver(cfg.transport, f"{cfg.key_prefix}-{cfg.worker_id}")
+    receiver = make_receiver(cfg.transport, f"{cfg.key_prefix}-{cfg.worker_id}", **cfg.receiver_options())
     share = None
     if cfg.colocated_with is not None:
         channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.colocated_with))

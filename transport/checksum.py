@@ -1,9 +1,11 @@
 """CRC32 of tensor bytes, as fast as this machine allows.
 
-Every transfer is checksummed twice (sender and receiver), so the checksum bounds the speed of every
-backend: zlib's CRC32 runs at about 1.5 GB/s, ISA-L's (the `isal` wheel, same polynomial, same values)
-at about 25 GB/s. Both give identical results, so peers with and without `isal` interoperate. `off_loop` decides where
-the checksum (and copies of that size) run: on the event loop or in a thread.
+Every transfer is checksummed twice (the sender for the descriptor, the receiver to verify), so the
+checksum bounds the speed of every backend: zlib's CRC32 runs at about 1.5 GB/s, ISA-L's (the `isal`
+wheel, same polynomial, same values) at about 25 GB/s, half the speed of a copy (4.5 MB: 0.17 ms against
+0.34 ms here). Both give identical results, so peers with and without `isal` interoperate. The ucx and
+nixl backends keep it off send()'s path where they can (transport/README.md); senders can skip it with
+checksum="none". `off_loop` decides where the checksum (and copies of that size) run: event loop or thread.
 """
 
 from __future__ import annotations

@@ -1,126 +1,102 @@
-"""The ucx and nixl data planes alone: the backends' own worker/agent and progress thread, without
-descriptors, checksums or copies, so the benchmark can tell the link's cost from the contract's.
+"""The ucx and nixl data planes alone, as the backends use them but without descriptors, checksums,
+registration per send or bookkeeping, so the benchmark can tell the link's cost from the contract's.
 
-An echo pair per library. The sender moves `n` bytes from a pre-registered (nixl) or pre-allocated (ucx)
-buffer; the echo side gets them into its own pre-allocated buffer and answers one small message; the
-sender's future resolves on that answer. ucx: tag send into a posted receive. nixl: the same flow as the
-backend: a notification, a one-sided READ by the echo side, a notification back.
+ucx: a tag send from a pre-allocated buffer into a receive the echo side keeps posted, answered by a
+one-byte tag message (the backend's offer/reply/tensor exchange without the offer). nixl: a one-sided
+WRITE from a pre-registered buffer through descriptor lists prepared once, then its notification (the
+backend's send without registering the tensor, without the CRC and without the bookkeeping).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import time
 
 import numpy as np
 
-from transport.nixl_agent import NixlAgent, parse_address
-from transport.ucx_worker import UcxWorker
+from transport.nixl_agent import NixlAgent
+from transport.ucx_worker import UcxWorker, array
 
 DATA, ACK = 7, 8
-
-
-def _arr(buf):
-    from ucxx._lib.arr import Array  # noqa: PLC0415 - ucxx is imported lazily
-
-    return Array(buf)
 
 
 class UcxEcho:
     """Keeps a receive of up to `size` bytes posted; answers each arrival with a one-byte ACK."""
 
     def __init__(self, size: int) -> None:
-        self.ucx = UcxWorker("ucx-echo")
-        self.buf, self.ack = np.empty(size, np.uint8), np.zeros(1, np.uint8)
-        self.peer: str | None = None
-        self.req = None
+        self.ucx = UcxWorker()
+        self.buf, self.ack = np.empty(max(size, 1), np.uint8), np.zeros(1, np.uint8)
+        self.peer, self.req = "", None
 
-    async def start(self, peer: str) -> None:
+    def start(self, peer: str) -> None:
         self.peer = peer
-        await self.ucx.run(self._post)
-        self.ucx.thread.add_hook(self._hook)
+        self._post()
+        self.ucx.add_hook(self._hook)
 
     def _post(self) -> None:
-        self.req = self.ucx.worker.tag_recv(_arr(self.buf), self.ucx.lib.UCXXTag(DATA))
+        self.req = self.ucx.worker.tag_recv(array(self.buf), self.ucx.lib.UCXXTag(DATA))
 
-    def _hook(self) -> bool:  # progress thread
-        if self.req is None or not self.req.completed:
-            return False
-        self.req.check_error()
-        self._post()
-        self.ucx.endpoint(self.peer).tag_send(_arr(self.ack), self.ucx.lib.UCXXTag(ACK))
-        return True
+    def _hook(self) -> None:
+        while self.req is not None and self.req.completed:
+            self.req.check_error()
+            self._post()
+            self.ucx.endpoint(self.peer).tag_send(array(self.ack), self.ucx.lib.UCXXTag(ACK))
 
 
 class UcxPing:
     def __init__(self) -> None:
-        self.ucx = UcxWorker("ucx-ping")
+        self.ucx = UcxWorker()
         self.ack = np.zeros(1, np.uint8)
 
     async def send(self, peer: str, data: np.ndarray, timeout: float = 30.0) -> None:
-        ucx, lib = self.ucx, self.ucx.lib
-
-        def start():
-            ep = ucx.endpoint(peer)
-            reqs = [ep.tag_recv(_arr(self.ack), lib.UCXXTag(ACK)), ep.tag_send(_arr(data), lib.UCXXTag(DATA))]
-            return ucx.wait_all(reqs, "ping", timeout)
-
-        await ucx.run(start)
+        ep, lib = self.ucx.endpoint(peer), self.ucx.lib
+        reqs = [ep.tag_recv(array(self.ack), lib.UCXXTag(ACK)), ep.tag_send(array(data), lib.UCXXTag(DATA))]
+        self.ucx.progress()
+        await self.ucx.wait(reqs, "ping", timeout, keep=data)
 
 
-class NixlEcho:
-    """On a notification naming `n` bytes, READs them from the pinger's pool into its own, then answers."""
+class NixlTarget:
+    """A registered buffer of `size` bytes that the pinger WRITEs into; its notifications are drained."""
 
     def __init__(self, size: int) -> None:
-        self.nx = NixlAgent("echo", pool_bytes=max(size, 1 << 16))
-        self.nx.thread.start()
-        self.remote = None
+        self.nx = NixlAgent("target")
+        self.buf = np.zeros(max(size, 1), np.uint8)
+        self.reg = self.nx.register([(self.buf.ctypes.data, self.buf.nbytes)])
 
-    async def start(self, ping_address: str) -> None:
-        info = parse_address(ping_address)
+    def address(self) -> str:
+        info = {"md": base64.b64encode(self.nx.metadata).decode(), "base": self.buf.ctypes.data}
+        return base64.urlsafe_b64encode(json.dumps(info).encode()).decode()
 
-        def connect() -> None:
-            self.peer = self.nx.add_peer(info["md"])
-            self.remote = info["base"]
-
-        await self.nx.thread.submit(connect)
-        self.nx.thread.add_hook(self._hook)
-
-    def _hook(self) -> bool:  # progress thread
-        got = self.nx.notifs()
-        for peer, msg in got:
-            n = int(msg)
-            here = self.nx.pool.memory.data_ptr()
-            pending = self.nx.xfer("READ", peer, [(here, n)], [(self.remote, n)], "echo read", 30.0)
-            self.nx.thread.watch(pending, lambda r, failed, p=peer: self.nx.agent.send_notif(p, b"ack"))
-        return bool(got)
+    async def serve(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            self.nx.notifs()
+            await asyncio.sleep(0.05)
 
 
-class NixlPing:
-    def __init__(self, size: int) -> None:
-        self.nx = NixlAgent("ping", pool_bytes=max(size, 1 << 16))
-        self.nx.thread.add_hook(self._hook)
-        self.nx.thread.start()
-        self.waiting: asyncio.Future | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
+class NixlPinger:
+    """WRITEs `n` bytes of a pre-registered buffer with a notification, through prepared descriptor lists."""
 
-    def _hook(self) -> bool:  # progress thread
-        got = self.nx.notifs()
-        if got and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._wake)
-        return bool(got)
+    def __init__(self, data: np.ndarray) -> None:
+        self.nx = NixlAgent("pinger")
+        self.data = data
+        self.reg = self.nx.register([(data.ctypes.data, data.nbytes)])
+        self.peer, self.local, self.remote, self.sizes = "", None, None, {}
 
-    def _wake(self) -> None:
-        if self.waiting is not None and not self.waiting.done():
-            self.waiting.set_result(None)
-
-    async def connect(self, echo_address: str) -> None:
-        info = parse_address(echo_address)
-        self.peer = await self.nx.thread.submit(lambda: self.nx.add_peer(info["md"]))
+    def connect(self, target: str, sizes: list[int]) -> None:
+        info = json.loads(base64.urlsafe_b64decode(target))
+        agent = self.nx.agent
+        self.peer = self.nx.add_peer(base64.b64decode(info["md"]))
+        self.sizes = {n: i for i, n in enumerate(sizes)}
+        self.local = agent.prep_xfer_dlist("", [(self.data.ctypes.data, n, 0) for n in sizes], "DRAM")
+        self.remote = agent.prep_xfer_dlist(self.peer, [(info["base"], n, 0) for n in sizes], "DRAM")
 
     async def send(self, n: int, timeout: float = 30.0) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.waiting = self.loop.create_future()
-        msg = str(n).encode()
-        await self.nx.thread.submit(lambda: self.nx.agent.send_notif(self.peer, msg))
-        await asyncio.wait_for(self.waiting, timeout)
-
+        agent, i = self.nx.agent, self.sizes[n]
+        handle = agent.make_prepped_xfer("WRITE", self.local, [i], self.remote, [i])
+        try:
+            await self.nx.finish(handle, agent.transfer(handle), time.monotonic() + timeout, "nixl data plane write")
+        finally:
+            self.nx.release(handle)
+        agent.send_notif(self.peer, b"w")  # after DONE, as the backend does (see transport/nixl.py)

@@ -4,6 +4,12 @@ The tcp, ucx and nixl receivers differ in how bytes arrive, not in what happens 
 per request until recv() names them (each delivered once), dropped by discard() for an aborted request,
 and expired after a TTL so an unclaimed request cannot leak memory. This class is that shared part,
 with the same semantics and messages as the local backend's receiver.
+
+Verification happens here, when the engine claims tensors with the descriptors the sender returned: the
+ucx and nixl senders compute the CRC32 while the bytes move, so what arrives is stored unverified (its
+descriptor has no checksum) and checked against the claimed descriptor's checksum before it is handed
+over. send() therefore returns as soon as the bytes are in the receiver's memory, and a damaged transfer
+still fails the request (at recv) instead of reaching the engine.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import logging
 import torch
 
 from transport.base import TransportError
-from transport.wire import TensorDescriptor
+from transport.checksum import crc32, off_loop
+from transport.wire import TensorDescriptor, same_tensor, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +77,23 @@ class Inbox:
                 del self._waiters[rid]
         per = self._arrived.get(rid, {})
         for d in descriptors:
-            if per[d.name][0] != d:
-                raise TransportError(f"{rid}/{d.name}: asked for {d!r} but received {per[d.name][0]!r}")
-        out = {d.name: per.pop(d.name)[1] for d in descriptors}
+            got = per[d.name][0]
+            if not same_tensor(got, d) or (None not in (got.checksum, d.checksum) and got.checksum != d.checksum):
+                raise TransportError(f"{rid}/{d.name}: asked for {d!r} but received {got!r}")
+        arrived = {d.name: per.pop(d.name) for d in descriptors}
         if not per:
             self.drop(rid)
-        return out
+        for d in descriptors:
+            if d.checksum is not None and arrived[d.name][0].checksum is None:
+                await self._verify(d, arrived[d.name][1])
+        return {name: t for name, (_, t) in arrived.items()}
+
+    async def _verify(self, d: TensorDescriptor, tensor: torch.Tensor) -> None:
+        crc = await off_loop(d.nbytes, crc32, tensor_bytes(tensor))
+        if crc != d.checksum:
+            raise TransportError(f"{d.request_id}/{d.name}: the bytes at {self.where} have checksum {crc:#x}, the "
+                                 f"sender's descriptor says {d.checksum:#x}: damaged or overwritten in transit; "
+                                 "fail the request (or send it again)")
 
     def drop(self, rid: str) -> None:
         self._arrived.pop(rid, None)

@@ -23,7 +23,8 @@ class _Msg(BaseModel):
 
 
 class Offer(_Msg):
-    """ucx: a sender announces one send; the tensors follow as tag messages `tag + 1 + i`."""
+    """ucx: a sender announces one send; the tensors follow as tag messages `tag + 1 + i`. The descriptors
+    carry no checksum yet (the sender computes it while the bytes move): the receiver verifies at recv()."""
 
     kind: Literal["offer"] = "offer"
     reply_to: str
@@ -33,7 +34,8 @@ class Offer(_Msg):
 
 
 class Reply(_Msg):
-    """ucx and nixl: the receiver's verdict on one send (status as in local_frame: 0 ok, 1 rejected)."""
+    """ucx: the receiver's answer to an offer, sent as soon as it posted the receives (status as in
+    local_frame: 0 accepted, 1 rejected with the reason, before any tensor moved)."""
 
     kind: Literal["reply"] = "reply"
     xid: int
@@ -42,27 +44,51 @@ class Reply(_Msg):
 
 
 class Hello(_Msg):
-    """nixl: the first message from a sender agent: its metadata and pool layout, so the receiver can READ
-    from its pool and answer it."""
+    """nixl: a sender agent's first message to a receiver: its metadata, so the receiver can answer it."""
 
     kind: Literal["hello"] = "hello"
     metadata: str
     """base64 of nixl_agent.get_agent_metadata()."""
+
+
+class Grant(_Msg):
+    """nixl: the part of its registered pool a receiver lets one sender WRITE into (or why it cannot)."""
+
+    kind: Literal["grant"] = "grant"
     base: int
+    """Address of the receiver's pool; block i starts at base + i * block."""
     block: int
+    start: int
+    """First block of the grant."""
     blocks: int
+    error: str = ""
 
 
-class Posted(_Msg):
-    """nixl: the tensors of one send are in the sender's registered pool at these blocks; READ them."""
+class Written(_Msg):
+    """nixl: sent with a WRITE (NIXL delivers it after the bytes): these tensors are at these pool blocks.
+    The descriptors carry no checksum: the receiver verifies when the engine claims them."""
 
-    kind: Literal["posted"] = "posted"
-    xid: int
+    kind: Literal["written"] = "written"
     descs: list[TensorDescriptor]
-    blocks: list[int]
+    starts: list[int]
+    """First pool block of each tensor (zero-size tensors take none; their entry is ignored)."""
 
 
-Message = Annotated[Union[Offer, Reply, Hello, Posted], Field(discriminator="kind")]
+class Credit(_Msg):
+    """nixl: blocks of a sender's grant that the receiver is done with, as (first block, bytes) runs. An empty
+    one is a keepalive: failing to deliver it tells the receiver the sender is gone."""
+
+    kind: Literal["credit"] = "credit"
+    runs: list[tuple[int, int]] = []
+
+
+class Bye(_Msg):
+    """nixl: a sender closing (its grant can be reused), or a receiver closing (stop writing to it)."""
+
+    kind: Literal["bye"] = "bye"
+
+
+Message = Annotated[Union[Offer, Reply, Hello, Grant, Written, Credit, Bye], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 
 

@@ -1,13 +1,17 @@
-"""A NIXL agent with one registered block pool, driven by one ProgressThread.
+"""A NIXL agent whose UCX progress runs in NIXL's own thread, woken by UCX events, never by polling.
 
-Shared by the nixl sender and receiver (each has its own agent). Memory is registered once (the pool);
-a transfer names one (address, length) descriptor per tensor inside the two pools. NIXL's own progress
-thread is off (16 ms per transfer on 2 cores): our ProgressThread polls notifications and transfer
-states, often while work is pending.
+Why not NIXL's defaults: its Python wrapper starts the progress thread with a delay of 0, which makes the
+thread's poll() return at once, i.e. spin (16 ms per transfer on 2 cores, measured). With the delay set
+(it is only poll()'s timeout), the thread sleeps in poll() on UCX's event fd and runs the instant a
+message or completion arrives, in C++, without the GIL. That is what makes one-sided WRITEs work without
+the receiver's Python code running: its NIXL thread answers the wire-up and takes the notifications.
+Our code calls the agent from the event loop (and, for big tensors, from a worker thread), so the agent
+runs in NIXL's strict thread-safety mode.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -17,10 +21,12 @@ import time
 from typing import Any
 
 from transport.base import TransportError
-from transport.pool import BlockPool
-from transport.progress import Pending, ProgressThread
 
 _nixl: Any = None
+PROGRESS_POLL_US = 100_000
+"""Timeout of the NIXL progress thread's poll(); events wake it earlier, so this only bounds idle wake-ups."""
+SPIN_S = 200e-6
+"""How long a transfer's completion is awaited by yielding on the event loop before a thread waits for it."""
 
 
 def _lib() -> Any:
@@ -38,35 +44,36 @@ def _lib() -> Any:
 
 
 class NixlAgent:
-    """An agent, its pool (registered as DRAM here, VRAM on a GPU by the same calls) and its peers."""
+    """One agent with the UCX backend; `agent` is the nixl_agent whose methods the backends call."""
 
-    def __init__(self, role: str, *, pool_bytes: int, block_bytes: int = 1 << 16,
-                 error_handling: str = "peer") -> None:
+    def __init__(self, role: str, *, error_handling: str = "peer") -> None:
         lib = _lib()
-        if pool_bytes < block_bytes:
-            raise TransportError(f"pool_bytes={pool_bytes} is smaller than one block ({block_bytes} bytes)")
+        from nixl_cu12 import _bindings  # noqa: PLC0415
+
         self.name = f"{role}-{os.getpid()}-{secrets.token_hex(4)}"
-        self.agent = lib.nixl_agent(self.name, lib.nixl_agent_config(enable_prog_thread=False, backends=[]))
-        self.agent.create_backend("UCX", {"ucx_error_handling_mode": error_handling})
-        self.pool = BlockPool(pool_bytes // block_bytes, block_bytes)
-        base = self.pool.memory.data_ptr()
-        self._reg = self.agent.register_memory([(base, self.pool.memory.nbytes, 0, "")], "DRAM")
-        self.metadata = self.agent.get_agent_metadata()
-        self.thread = ProgressThread(f"nixl-{role}", lambda: False)
+        agent = lib.nixl_agent(self.name, lib.nixl_agent_config(enable_prog_thread=True, backends=[]))
+        config = _bindings.nixlAgentConfig()
+        config.useProgThread, config.useListenThread = True, False
+        config.syncMode = _bindings.NIXL_THREAD_SYNC_STRICT
+        config.pthrDelay, config.lthrDelay = PROGRESS_POLL_US, PROGRESS_POLL_US
+        # The wrapper hard-codes pthrDelay=0 (a spinning thread); swap in an agent built with the delay set
+        # before any backend exists (nixl-cu12 1.5.1; the wrapper's other state does not depend on it).
+        agent.agent = _bindings.nixlAgent(self.name, config)
+        agent.create_backend("UCX", {"ucx_error_handling_mode": error_handling})
+        self.agent = agent
+
+    @property
+    def metadata(self) -> bytes:
+        return self.agent.get_agent_metadata()
 
     def address(self) -> str:
-        """What a receiver publishes: its name, metadata and pool layout, so a sender needs no other lookup."""
-        info = {"name": self.name, "md": base64.b64encode(self.metadata).decode(),
-                "base": self.pool.memory.data_ptr(), "block": self.pool.block_bytes, "blocks": self.pool.blocks}
+        """What a receiver publishes: its name and metadata (memory keys included), so a sender needs no lookup."""
+        info = {"name": self.name, "md": base64.b64encode(self.metadata).decode()}
         return "nixl://" + base64.urlsafe_b64encode(json.dumps(info).encode()).decode()
-
-    # --- progress thread only ---
 
     def add_peer(self, metadata: bytes) -> str:
         name = self.agent.add_remote_agent(metadata)
-        name = name.decode() if isinstance(name, bytes) else name
-        self.agent.make_connection(name)
-        return name
+        return name.decode() if isinstance(name, bytes) else name
 
     def forget(self, peer: str) -> None:
         try:
@@ -78,40 +85,57 @@ class NixlAgent:
         got = self.agent.get_new_notifs()
         return [(k.decode() if isinstance(k, bytes) else k, m) for k, msgs in got.items() for m in msgs]
 
-    def xfer(self, op: str, peer: str, local: list[tuple[int, int]], remote: list[tuple[int, int]], what: str,
-             timeout: float, notif: bytes = b"") -> Pending:
-        """Start a READ or WRITE of (address, length) runs between the local pool and a peer's pool.
+    def register(self, runs: list[tuple[int, int]]) -> Any:
+        """Register (address, length) runs of DRAM; returns the handle for `deregister`."""
+        return self.agent.register_memory([(a, n, 0, "") for a, n in runs], "DRAM")
 
-        One descriptor per tensor, not one per block: UCX moves each descriptor as its own operation, so
-        a 4.5 MB tensor as 72 blocks of 64 KB took twice as long as one descriptor (measured)."""
-        local_descs = self.agent.get_xfer_descs([(a, n, 0) for a, n in local], "DRAM")
-        remote_descs = self.agent.get_xfer_descs([(a, n, 0) for a, n in remote], "DRAM")
-        handle = self.agent.initialize_xfer(op, local_descs, remote_descs, peer, notif)
-        state = self.agent.transfer(handle)
+    def deregister(self, handle: Any) -> None:
+        try:
+            self.agent.deregister_memory(handle)
+        except Exception:  # noqa: BLE001 - best effort: a failed transfer may have left it half torn down
+            pass
 
-        def poll() -> tuple[bool, Any]:
-            st = state if state != "PROC" else self.agent.check_xfer_state(handle)
-            if st == "PROC":
-                return False, None
-            handle.release()
-            if st != "DONE":
-                raise TransportError(f"{what}: NIXL reported {st}; is the receiving worker alive?")
-            return True, None
+    def write(self, peer: str, local: list[tuple[int, int]], remote: list[tuple[int, int]]) -> tuple[Any, str]:
+        """Start one WRITE of (address, length) pairs. Returns the handle and its first state; over cma the
+        copy happens inside this call ("DONE" unless the flush that follows it waits)."""
+        handle = self.agent.initialize_xfer("WRITE", self.agent.get_xfer_descs([(a, n, 0) for a, n in local], "DRAM"),
+                                            self.agent.get_xfer_descs([(a, n, 0) for a, n in remote], "DRAM"), peer)
+        return handle, self.agent.transfer(handle)
 
-        def cancel() -> None:
-            try:
-                handle.release()
-            except Exception:  # noqa: BLE001 - release of an in-flight transfer can fail; the deadline error stands
-                pass
+    def settle(self, handle: Any, deadline: float, what: str) -> None:
+        """Block this (worker) thread until the transfer is done (NIXL's thread completes it; we only look)."""
+        state = self.agent.check_xfer_state(handle)
+        while state == "PROC":
+            if time.monotonic() > deadline:
+                raise TransportError(f"{what}: not complete by its deadline; is the receiving worker alive?")
+            time.sleep(20e-6)
+            state = self.agent.check_xfer_state(handle)
+        if state != "DONE":
+            raise TransportError(f"{what}: NIXL reported {state}; is the receiving worker alive?")
 
-        return Pending(poll, time.monotonic() + timeout, what, cancel)
+    async def finish(self, handle: Any, state: str, deadline: float, what: str) -> None:
+        """Await a transfer started on the event loop: yield a few times (a flush takes microseconds when
+        the peer's NIXL thread is awake), then let a worker thread wait, so the loop never spins for long."""
+        spin_until = time.monotonic() + SPIN_S
+        while state == "PROC" and time.monotonic() < spin_until:
+            await asyncio.sleep(0)
+            state = self.agent.check_xfer_state(handle)
+        if state == "PROC":
+            await asyncio.to_thread(self.settle, handle, deadline, what)
+        elif state != "DONE":
+            raise TransportError(f"{what}: NIXL reported {state}; is the receiving worker alive?")
 
     def close(self) -> None:
-        """Stop the thread, then release handles and the registration (after the thread: no concurrent calls)."""
-        self.thread.stop()
+        """Destroy the agent now (its progress thread stops, its memory registrations go), not at garbage
+        collection; the caller keeps any registered memory alive that a late peer might still write to."""
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.agent = None
+
+    def release(self, handle: Any) -> None:
         try:
-            self.agent.deregister_memory(self._reg)
-        except Exception:  # noqa: BLE001 - best effort at shutdown
+            self.agent.release_xfer_handle(handle)
+        except Exception:  # noqa: BLE001 - releasing a failed or in-flight transfer can fail; its error stands
             pass
 
 

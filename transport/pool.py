@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 
 import torch
 
 
-class BlockPool:
-    """Contiguous runs of fixed-size blocks in one tensor; first fit, freed runs merge with neighbours.
+class Runs:
+    """First-fit allocation of runs of `blocks` fixed-size blocks, with no memory behind it; freed runs merge.
 
-    Thread-safe: blocks are taken on a progress thread and given back wherever the last view dies.
+    The NIXL sender keeps one per receiver to place its WRITEs in the part of the receiver's pool it was
+    granted, and BlockPool below uses one for its own memory. Thread-safe: blocks are taken on the event
+    loop and given back wherever the last view of them dies.
     """
 
     def __init__(self, blocks: int, block_bytes: int) -> None:
         self.blocks, self.block_bytes = blocks, block_bytes
-        self.memory = torch.empty(blocks * block_bytes, dtype=torch.uint8)
         self._free: list[tuple[int, int]] = [(0, blocks)]  # (start, count), sorted by start
         self._used = 0
         self._lock = threading.Lock()
@@ -63,6 +65,14 @@ class BlockPool:
             self._free = merged
             self._used -= self.count(nbytes)
 
+
+class BlockPool(Runs):
+    """Runs of blocks in one long-lived tensor (`memory`)."""
+
+    def __init__(self, blocks: int, block_bytes: int) -> None:
+        super().__init__(blocks, block_bytes)
+        self.memory = torch.empty(blocks * block_bytes, dtype=torch.uint8)
+
     def view(self, start: int, nbytes: int) -> torch.Tensor:
         off = start * self.block_bytes
         return self.memory[off : off + nbytes]
@@ -70,19 +80,20 @@ class BlockPool:
     def indices(self, start: int, nbytes: int) -> list[int]:
         return list(range(start, start + self.count(nbytes)))
 
-    def lend(self, start: int, nbytes: int) -> memoryview:
-        """A writable view of the blocks that frees them once it and every tensor made from it are gone."""
+    def lend(self, start: int, nbytes: int, release: Callable[[int, int], None] | None = None) -> memoryview:
+        """A writable view of the blocks that calls `release(start, nbytes)` (default: frees them here) once it
+        and every tensor made from it are gone, on whichever thread dropped the last view."""
         raw = (ctypes.c_uint8 * nbytes).from_address(self.memory.data_ptr() + start * self.block_bytes)
-        raw.lease = _Lease(self, start, nbytes)  # dies with the ctypes array, i.e. with the last view
+        raw.lease = _Lease(self.memory, start, nbytes, release or self.free)  # dies with the last view
         return memoryview(raw).cast("B")
 
 
 class _Lease:
-    def __init__(self, pool: BlockPool, start: int, nbytes: int) -> None:
-        self.pool, self.memory, self.start, self.nbytes = pool, pool.memory, start, nbytes  # memory outlives views
+    def __init__(self, memory: torch.Tensor, start: int, nbytes: int, release) -> None:
+        self.memory, self.start, self.nbytes, self.release = memory, start, nbytes, release  # memory outlives views
 
     def __del__(self) -> None:
-        self.pool.free(self.start, self.nbytes)
+        self.release(self.start, self.nbytes)
 
 
 class RecvBuffers:

@@ -1,9 +1,13 @@
-"""A UCX worker (ucxx) driven by one ProgressThread, with endpoints kept per peer address.
+"""A UCX worker (ucxx) progressed by the asyncio event loop, woken by UCX's own event fd.
 
-Shared by the ucx sender and receiver. Every ucxx call happens on the progress thread; callers submit
-functions through `run`. Endpoints are made from the peer's worker address (published in the registry),
-not through a listener: a listener's connection goes over TCP even on one host, an address-based endpoint
-picks shared memory when the peer is local.
+Why on the loop and not on a thread of our own: every hop between a progress thread and the loop costs a
+wake-up and a GIL hand-over (0.1-0.2 ms each on a loaded 2-core machine, several per send), and a thread
+that polls on a timer is late by its period. Here the loop watches the worker's epoll fd (UCX "blocking
+progress mode"): when UCX has an event, the loop progresses the worker, resolves the futures of finished
+requests directly and re-arms the fd; when it has none, nobody polls. The workers' engines run their
+steps in threads, so the loop stays free to do this. Endpoints are made from the peer's worker address
+(published in the registry), not through a listener: a listener's connection goes over TCP even on one
+host, an address-based endpoint picks shared memory when the peer is local.
 """
 
 from __future__ import annotations
@@ -11,19 +15,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import select
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from transport.base import TransportError
-from transport.progress import Pending, ProgressThread
 
 _ucxx: Any = None
 SAFE_TLS = "self,posix,sysv,tcp"
-"""Transports used unless UCX_TLS is set. Without peer-failure handling (which UCX's shared-memory transports
-lack), cma aborts the whole process when its peer dies mid-transfer (process_vm_readv: No such process);
-posix/sysv shared memory and tcp report the failure instead, so they are the default."""
+"""Transports used unless UCX_TLS (or options["TLS"]) says otherwise. Without peer-failure handling (which
+UCX's shared-memory transports lack, and with which UCX 1.21 moves tag rendezvous over TCP), cma aborts the
+whole process when its peer dies mid-transfer ("process_vm_readv ... No such process", seen again in the
+contract tests); posix/sysv shared memory and tcp report the failure instead, so they are the default."""
 
 
 def _lib() -> Any:
@@ -36,6 +41,13 @@ def _lib() -> Any:
             raise TransportError(f"the ucx transport needs ucxx: pip install ucxx-cu12 ({e})") from e
         _ucxx = lib
     return _ucxx
+
+
+def array(buf) -> Any:
+    """A ucxx buffer over `buf` (anything with the buffer protocol), without a copy."""
+    from ucxx._lib.arr import Array  # noqa: PLC0415 - ucxx is imported lazily
+
+    return Array(buf)
 
 
 def encode_address(raw: bytes) -> str:
@@ -52,10 +64,20 @@ def decode_address(address: str) -> bytes:
         raise TransportError(f"malformed ucx address {address[:40]!r}...: {e}") from None
 
 
-class UcxWorker:
-    """One ucp worker, its progress thread and its endpoints."""
+@dataclass
+class _Wait:
+    requests: list[Any]
+    future: asyncio.Future
+    what: str
+    keep: Any
+    """Buffers UCX reads or writes until the requests finish; held here so they cannot be freed early."""
+    timer: asyncio.TimerHandle | None = None
 
-    def __init__(self, name: str, *, error_handling: bool = False, options: dict[str, str] | None = None) -> None:
+
+class UcxWorker:
+    """One ucp worker on the running event loop, its endpoints by peer address, and its pending waits."""
+
+    def __init__(self, *, error_handling: bool = False, options: dict[str, str] | None = None) -> None:
         lib = _lib()
         self.lib = lib
         self.error_handling = error_handling
@@ -64,39 +86,88 @@ class UcxWorker:
         config = dict(options or {})
         if "UCX_TLS" not in os.environ:
             config.setdefault("TLS", SAFE_TLS)
-        self.context = lib.UCXContext(config_dict=config,
-                                      feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
+        self.context = lib.UCXContext(config_dict=config, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
         self.worker = lib.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
-        self._epoll_fd = self.worker.epoll_file_descriptor
         self.address = encode_address(self.worker.address.tobytes())
+        self._fd = self.worker.epoll_file_descriptor
         self._endpoints: dict[str, Any] = {}
-        self.thread = ProgressThread(name, self._progress, self._idle_wait)
-        self.thread.start()
+        self._waits: list[_Wait] = []
+        self._hooks: list[Callable[[], None]] = []
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self.progress)
+        self._scheduled = False
+        self.closed = False
 
-    def _progress(self) -> bool:
-        did = False
-        for _ in range(64):  # bounded: let submissions and hooks run between bursts
+    def add_hook(self, hook: Callable[[], None]) -> None:
+        """Run `hook` after every progress pass (the receiver checks for offers there)."""
+        self._hooks.append(hook)
+
+    def progress(self) -> None:
+        """Progress UCX until idle, settle finished waits, run hooks, and re-arm the event fd."""
+        self._scheduled = False
+        if self.closed:
+            return
+        for _ in range(10_000):  # bounded, so a flood cannot starve the rest of the loop
             if not self.worker.progress_once():
                 break
-            did = True
-        return did
+        for hook in self._hooks:
+            hook()
+        if self._waits:
+            self._settle()
+        if not self.worker.arm():  # events arrived meanwhile: go again soon, after the loop's other work
+            self.soon()
 
-    def _idle_wait(self, timeout: float, wake_fd: int) -> None:
-        if self.worker.arm():  # armed: nothing pending, so the epoll fd will signal the next event
-            select.select([self._epoll_fd, wake_fd], [], [], timeout)
+    def soon(self) -> None:
+        """Progress on the next loop iteration (after posting requests that UCX completes without an event)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.progress)
 
-    def run(self, fn: Callable[[], Any]):
-        return self.thread.submit(fn)
+    def wait(self, requests: list[Any], what: str, timeout: float, keep: Any = None,
+             on_fail: Callable[[], None] | None = None) -> asyncio.Future:
+        """A future that resolves when every request completed (or fails with the first error, or at the
+        deadline, calling `on_fail`, e.g. to drop the endpoint and so cancel what is still in flight)."""
+        w = _Wait(requests, self._loop.create_future(), what, keep)
+        w.timer = self._loop.call_later(timeout, self._expire, w, on_fail, timeout)
+        w.future.add_done_callback(lambda f, w=w: self._forget(w, on_fail))
+        self._waits.append(w)
+        self.soon()
+        return w.future
 
-    # --- below: called on the progress thread only ---
+    def _settle(self) -> None:
+        keep = []
+        for w in self._waits:
+            if w.future.done():
+                continue
+            if not all(r.completed for r in w.requests):
+                keep.append(w)
+                continue
+            try:
+                for r in w.requests:
+                    r.check_error()
+            except Exception as e:  # noqa: BLE001 - ucxx raises its own exception classes
+                w.future.set_exception(TransportError(f"{w.what}: {e}"))
+                continue
+            w.future.set_result(None)
+        self._waits = keep
+
+    def _expire(self, w: _Wait, on_fail, timeout: float) -> None:
+        if not w.future.done():
+            w.future.set_exception(TransportError(f"{w.what}: not complete within {timeout}s; is the peer alive?"))
+
+    def _forget(self, w: _Wait, on_fail) -> None:
+        if w.timer is not None:
+            w.timer.cancel()
+        if w in self._waits:
+            self._waits.remove(w)
+        if (w.future.cancelled() or w.future.exception() is not None) and on_fail is not None:
+            on_fail()
 
     def endpoint(self, address: str) -> Any:
         ep = self._endpoints.get(address)
         if ep is None:
             raw = decode_address(address)
-            import numpy as np  # noqa: PLC0415
-
             try:
                 ucx_addr = self.lib.UCXAddress.create_from_buffer(np.frombuffer(raw, dtype=np.uint8))
                 ep = self.worker.create_endpoint_from_worker_address(ucx_addr, self.error_handling)
@@ -114,31 +185,14 @@ class UcxWorker:
                 ep.close()
             except Exception:  # noqa: BLE001 - already broken
                 pass
+            self.soon()
 
-    def wait_all(self, requests: list[Any], what: str, timeout: float, on_fail: Callable[[], None] | None = None,
-                 result: Callable[[], Any] = lambda: None) -> Pending:
-        def poll() -> tuple[bool, Any]:
-            if not all(r.completed for r in requests):
-                return False, None
-            for r in requests:
-                try:
-                    r.check_error()
-                except Exception as e:  # noqa: BLE001
-                    if on_fail is not None:
-                        on_fail()
-                    raise TransportError(f"{what}: {e}") from e
-            return True, result()
-
-        return Pending(poll, time.monotonic() + timeout, what, on_fail)
-
-    async def close(self) -> None:
-        def shut() -> None:
-            for address in list(self._endpoints):
-                self.forget(address)
-
-        try:
-            async with asyncio.timeout(5):
-                await self.thread.submit(shut)
-        except (TimeoutError, TransportError):
-            pass
-        await asyncio.to_thread(self.thread.stop)
+    def close(self) -> None:
+        """Drop every endpoint and stop watching the fd; pending waits fail now rather than at their deadline."""
+        for address in list(self._endpoints):
+            self.forget(address)
+        for w in list(self._waits):
+            if not w.future.done():
+                w.future.set_exception(TransportError(f"{w.what}: the ucx worker closed"))
+        self.closed = True
+        self._loop.remove_reader(self._fd)

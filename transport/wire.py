@@ -1,8 +1,9 @@
 """What crosses a process boundary about a tensor: its descriptor, never the tensor object itself.
 
 The coordinator and Redis only ever see descriptors; the bytes travel over a transport backend.
-Bytes are raw little-endian tensor storage, checked against the descriptor's length and CRC32 on
-arrival, so a torn or misrouted transfer is an error, never a silent wrong answer.
+Bytes are raw little-endian tensor storage, checked against the descriptor's length and CRC32 before
+the engine gets them, so a torn or misrouted transfer is an error, never a silent wrong answer. A sender
+may be configured not to checksum (`checksum=None`): then only dtype, shape and length are checked.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class TensorDescriptor(BaseModel):
     dtype: DType
     shape: tuple[int, ...]
     nbytes: int = Field(ge=0)
-    checksum: int = Field(ge=0, lt=1 << 32)
-    """CRC32 of the raw bytes."""
+    checksum: int | None = Field(None, ge=0, lt=1 << 32)
+    """CRC32 of the raw bytes; None when the sender was set not to checksum (its `checksum="none"` option)."""
 
     @model_validator(mode="after")
     def _size_matches_shape(self) -> "TensorDescriptor":
@@ -65,19 +66,25 @@ def dtype_name(dtype: torch.dtype) -> DType:
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """Raw storage of a CPU tensor, without a copy when it is already contiguous."""
-    t = tensor.detach().to("cpu").contiguous().reshape(-1)  # 1-d first: a 0-d tensor cannot be re-viewed
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        tensor = tensor.detach().to("cpu").contiguous()
+    t = tensor.detach().reshape(-1)  # 1-d first: a 0-d tensor cannot be re-viewed
     return memoryview(t.view(torch.uint8).numpy())
 
 
-def describe(request_id: str, name: str, tensor: torch.Tensor) -> tuple[TensorDescriptor, memoryview]:
+def describe(request_id: str, name: str, tensor: torch.Tensor, *, checksum: bool = True
+             ) -> tuple[TensorDescriptor, memoryview]:
+    """The descriptor and raw bytes of a tensor; `checksum=False` leaves the CRC32 out (the fast backends
+    compute it while the bytes move and fill it in with `model_copy(update={"checksum": ...})`)."""
     raw = tensor_bytes(tensor)
-    desc = TensorDescriptor(
+    # Built from the tensor itself, so it is consistent: skip the validation a received descriptor gets.
+    desc = TensorDescriptor.model_construct(
         request_id=request_id,
         name=name,
         dtype=dtype_name(tensor.dtype),
         shape=tuple(tensor.shape),
         nbytes=raw.nbytes,
-        checksum=crc32(raw),
+        checksum=crc32(raw) if checksum else None,
     )
     return desc, raw
 
@@ -86,13 +93,28 @@ class WireError(ValueError):
     """Bytes that do not match their descriptor."""
 
 
-def rebuild(desc: TensorDescriptor, raw: bytes | bytearray | memoryview) -> torch.Tensor:
-    """Check bytes against the descriptor and view them as the described tensor (no copy if writable)."""
+def same_tensor(a: TensorDescriptor, b: TensorDescriptor) -> bool:
+    """Whether two descriptors name the same tensor layout (everything but the checksum)."""
+    return (a.request_id, a.name, a.dtype, a.shape, a.nbytes) == (b.request_id, b.name, b.dtype, b.shape, b.nbytes)
+
+
+def verify(desc: TensorDescriptor, raw: bytes | bytearray | memoryview) -> None:
+    """Raise WireError unless the bytes have the descriptor's length and (if it has one) its CRC32."""
     if len(raw) != desc.nbytes:
         raise WireError(f"{desc.request_id}/{desc.name}: got {len(raw)} bytes, descriptor says {desc.nbytes}")
-    crc = crc32(raw)
-    if crc != desc.checksum:
-        raise WireError(f"{desc.request_id}/{desc.name}: checksum {crc:#x} != descriptor {desc.checksum:#x}")
+    if desc.checksum is not None:
+        crc = crc32(raw)
+        if crc != desc.checksum:
+            raise WireError(f"{desc.request_id}/{desc.name}: checksum {crc:#x} != descriptor {desc.checksum:#x}")
+
+
+def rebuild(desc: TensorDescriptor, raw: bytes | bytearray | memoryview, *, check: bool = True) -> torch.Tensor:
+    """View bytes as the described tensor (no copy if writable), after `verify` unless `check=False` (for
+    receivers that verify later, when the engine claims the tensor with the descriptor it was sent)."""
+    if check:
+        verify(desc, raw)
+    elif len(raw) != desc.nbytes:
+        raise WireError(f"{desc.request_id}/{desc.name}: got {len(raw)} bytes, descriptor says {desc.nbytes}")
     writable = isinstance(raw, bytearray) or (isinstance(raw, memoryview) and not raw.readonly)
     buf = raw if writable else bytearray(raw)  # torch.frombuffer wants writable memory; copy only if not
     if desc.nbytes == 0:

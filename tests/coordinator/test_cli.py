@@ -40,3 +40,29 @@ def test_cli_refuses_a_model_dir_that_is_not_a_checkpoint(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "no config.json" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+def test_cli_refuses_an_unavailable_transport_with_the_fix(tmp_path):
+    """A transport whose package is missing is refused up front, naming the pip command."""
+    import os
+
+    blocker = tmp_path / "sitecustomize.py"  # makes the module missing in the child, as on a machine without it
+    blocker.write_text("import sys\nsys.modules['nixl_cu12'] = None\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "up", "--transport", "nixl"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    said = " ".join(r.stdout.split())  # rich wraps long lines
+    assert "--transport nixl" in said and "pip install --no-deps nixl-cu12" in said
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_cli_passes_the_transport_to_every_worker():
+    import argparse
+
+    from coordinator.cli import add_cluster_args, spec_from
+
+    p = argparse.ArgumentParser()
+    add_cluster_args(p, None)
+    assert spec_from(p.parse_args(["--transport", "tcp"])).transport == "tcp"
+    assert spec_from(p.parse_args([])).transport == "local"

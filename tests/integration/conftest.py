@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.launcher import ClusterSpec, LocalCluster
-from coordinator.redis_server import free_port
+from cluster_factory import serve_cluster
 
 MAX_IMAGE_BYTES = 300_000
 
@@ -20,27 +19,10 @@ def media_dir(tmp_path_factory):
 def cluster(redis_url, tmp_path_factory, media_dir):
     """One encode worker with a co-located prefill worker (llm-local-0); a combined worker and a
     prefill -> decode pair, so every LLM path is live."""
-    import uuid
-
-    import redis
-
-    prefix = f"tstest-{uuid.uuid4().hex[:10]}"
-    spec = ClusterSpec(
-        encode_workers=1, llm_roles=["combined", "prefill", "decode"], local_prefill=True, steal=True, redis_url=redis_url,
-        key_prefix=prefix,
-        port=free_port(), coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir)],
-    )
-    c = LocalCluster(spec, tmp_path_factory.mktemp("cluster-logs"))
-    c.start(timeout_s=180)
-    try:
-        yield c
-    finally:
-        c.stop()
-        r = redis.Redis.from_url(redis_url)
-        keys = list(r.scan_iter(f"{prefix}:*", count=1000))
-        if keys:
-            r.delete(*keys)
-        r.close()
+    yield from serve_cluster(
+        tmp_path_factory.mktemp("cluster-logs"), encode_workers=1, llm_roles=["combined", "prefill", "decode"],
+        local_prefill=True, steal=True, redis_url=redis_url,
+        coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir)])
 
 
 @pytest.fixture(scope="session")

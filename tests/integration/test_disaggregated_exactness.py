@@ -2,7 +2,10 @@
 
 The test plays the coordinator at the protocol level (so it can ask for every step's logits and pin
 the LLM path), pushes several requests of different lengths at once so they share encoder batches
-and engine steps, and compares tokens and logits with the same weights' own `generate()`.
+and engine steps, and compares tokens and logits with the same weights' own `generate()`. It runs over
+every transport backend: the shared cluster (local), and a small cluster per other backend (tcp, ucx,
+nixl: one encode worker, a combined worker and a prefill -> decode pair), skipped where the backend's
+package is missing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from cluster_factory import serve_cluster
 from media_factory import image_bytes
 from PIL import Image
 from redis.asyncio import Redis
@@ -28,8 +32,10 @@ from coordinator.protocol.messages import (
 )
 from coordinator.protocol.streams import push_job
 from coordinator.relay import token_events
+from transport.registry import unavailable
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+TRANSPORTS = ["local", "tcp", "ucx", "nixl"]
 
 
 @dataclass
@@ -53,6 +59,19 @@ def _reference(model, processor, name: str, text: str, sizes: list[tuple[int, in
     k = inputs["input_ids"].shape[1]
     return Ref(name, inputs["input_ids"][0].tolist(), pngs, out.sequences[0, k:].tolist(),
                [s[0].float() for s in out.logits])
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def transport_cluster(request, redis_url, tmp_path_factory):
+    """A cluster whose workers move embeddings and KV caches over one backend; one at a time, each once."""
+    kind = request.param
+    if kind == "local":  # the shared cluster already runs it
+        yield request.getfixturevalue("cluster")
+        return
+    if (reason := unavailable(kind)) is not None:
+        pytest.skip(reason)
+    yield from serve_cluster(tmp_path_factory.mktemp(f"cluster-{kind}-logs"), encode_workers=1,
+                             llm_roles=["combined", "prefill", "decode"], transport=kind, redis_url=redis_url)
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +123,19 @@ async def _run(cluster, refs: list[Ref], llm_worker: str) -> dict[str, tuple[lis
 
 
 @pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
-def test_disaggregated_path_matches_generate(cluster, refs, logit_compare, llm_worker):
-    got = asyncio.run(_run(cluster, refs, llm_worker))
-    # The point is requests sharing engine steps: some step must have carried several of them.
-    assert max(batch for *_, batch in got.values()) >= 2, "no engine step batched two requests"
-    problems = []
-    for ref in refs:
-        tokens, logits, workers, _ = got[ref.name]
-        problems += logit_compare(ref.name, ref.tokens, ref.logits, tokens, logits)
-        if llm_worker == "llm-1-prefill" and len(ref.tokens) > 1:
-            assert workers == {"llm-1-prefill", "llm-2-decode"}, f"{ref.name} went through {workers}"
-    assert not problems, "\n".join(problems)
+def test_disaggregated_path_matches_generate(transport_cluster, refs, logit_compare, llm_worker):
+    # The point is requests sharing engine steps: some step must carry several of them. Whether
+    # requests pushed together overlap depends on the machine's timing, so that gets bounded tries;
+    # every try must be exact.
+    for _ in range(3):
+        got = asyncio.run(_run(transport_cluster, refs, llm_worker))
+        problems = []
+        for ref in refs:
+            tokens, logits, workers, _ = got[ref.name]
+            problems += logit_compare(ref.name, ref.tokens, ref.logits, tokens, logits)
+            if llm_worker == "llm-1-prefill" and len(ref.tokens) > 1:
+                assert workers == {"llm-1-prefill", "llm-2-decode"}, f"{ref.name} went through {workers}"
+        assert not problems, "\n".join(problems)
+        if max(batch for *_, batch in got.values()) >= 2:
+            return
+    pytest.fail("no engine step batched two requests in 3 tries")

@@ -13,50 +13,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-import uuid
 
 import httpx
 import pytest
 import torch
+from cluster_factory import serve_cluster
 from media_factory import data_url, image_bytes, wav_bytes
 from mm_refs import MMRef, pcm, qwen2_audio_ref, qwen2_vl_ref
 from redis.asyncio import Redis
 
-from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams
 from coordinator.protocol.models import QWEN2_AUDIO_DIR, QWEN2_VL_DIR
 from coordinator.protocol.streams import push_job
-from coordinator.redis_server import free_port
 from coordinator.relay import token_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
-def _cluster(redis_url, tmp_path_factory, model_dir, name):
-    prefix = f"tsmm-{uuid.uuid4().hex[:10]}"
-    spec = ClusterSpec(encode_workers=1, llm_roles=["combined", "prefill", "decode"], model_dir=model_dir,
-                       redis_url=redis_url, key_prefix=prefix, port=free_port(),
-                       coordinator_args=["--batch-policy", "queue_length", "--queue-length", "3",
-                                         "--max-audio-seconds", "4"])
-    c = LocalCluster(spec, tmp_path_factory.mktemp(f"logs-{name}"))
-    c.start(timeout_s=180)
-    return c, prefix
-
-
 def _serve(redis_url, tmp_path_factory, model_dir, name):
-    import redis
-
-    c, prefix = _cluster(redis_url, tmp_path_factory, model_dir, name)
-    try:
-        yield c
-    finally:
-        c.stop()
-        r = redis.Redis.from_url(redis_url)
-        keys = list(r.scan_iter(f"{prefix}:*", count=1000))
-        if keys:
-            r.delete(*keys)
-        r.close()
+    yield from serve_cluster(tmp_path_factory.mktemp(f"logs-{name}"), encode_workers=1,
+                             llm_roles=["combined", "prefill", "decode"], model_dir=model_dir, redis_url=redis_url,
+                             coordinator_args=["--batch-policy", "queue_length", "--queue-length", "3",
+                                               "--max-audio-seconds", "4"])
 
 
 @pytest.fixture(scope="module")
@@ -133,20 +112,28 @@ async def _run(cluster, refs: list[MMRef], llm_worker: str):
         await redis.aclose()
 
 
-def _check(refs, got, logit_compare):
-    assert max(b for *_, b in got.values()) >= 2, "no engine step batched two requests"
-    problems = [p for r in refs for p in logit_compare(r.name, r.tokens, r.logits, got[r.name][0], got[r.name][1])]
-    assert not problems, "\n".join(problems)
+def _check(cluster, refs, llm_worker, logit_compare, attempts: int = 3):
+    """Every attempt must be exact; some attempt must have batched two requests in one engine step.
+
+    Whether requests pushed together overlap in a step depends on the machine's timing (a loaded CI
+    runner may finish one before the next arrives), so batching gets a bounded number of tries."""
+    for _ in range(attempts):
+        got = asyncio.run(_run(cluster, refs, llm_worker))
+        problems = [p for r in refs for p in logit_compare(r.name, r.tokens, r.logits, got[r.name][0], got[r.name][1])]
+        assert not problems, "\n".join(problems)
+        if max(b for *_, b in got.values()) >= 2:
+            return
+    pytest.fail(f"no engine step batched two requests in {attempts} attempts")
 
 
 @pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
 def test_qwen2_vl_disaggregated_matches_generate(vl_cluster, vl_refs, logit_compare, llm_worker):
-    _check(vl_refs, asyncio.run(_run(vl_cluster, vl_refs, llm_worker)), logit_compare)
+    _check(vl_cluster, vl_refs, llm_worker, logit_compare)
 
 
 @pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
 def test_qwen2_audio_disaggregated_matches_generate(audio_cluster, audio_refs, logit_compare, llm_worker):
-    _check(audio_refs, asyncio.run(_run(audio_cluster, audio_refs, llm_worker)), logit_compare)
+    _check(audio_cluster, audio_refs, llm_worker, logit_compare)
 
 
 def _client(cluster):

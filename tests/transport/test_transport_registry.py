@@ -78,3 +78,45 @@ async def test_registry_built_pair_moves_a_tensor(short_dir):
     await sender.close()
     assert receiver.address.startswith("tcp://127.0.0.1:")
     assert not list(short_dir.iterdir())
+
+
+async def test_the_worker_config_tells_the_tcp_receiver_which_address_to_bind_and_publish():
+    import argparse
+
+    from coordinator.protocol.worker_config import WorkerConfig, add_worker_args, worker_fields
+
+    p = argparse.ArgumentParser()
+    add_worker_args(p)
+    cfg = WorkerConfig(**worker_fields(p.parse_args(["--worker-id", "w1", "--transport", "tcp",
+                                                     "--transport-host", "127.0.0.2"])))
+    assert cfg.receiver_options() == {"host": "127.0.0.2"}
+    assert WorkerConfig(worker_id="w2", transport="ucx", transport_host="10.0.0.1").receiver_options() == {}
+    assert WorkerConfig(worker_id="w3", transport="tcp").receiver_options() == {}  # 127.0.0.1, as before
+    receiver = make_receiver(cfg.transport, cfg.worker_id, **cfg.receiver_options())
+    await receiver.start()
+    sender = make_sender("tcp", timeout=5.0)
+    try:
+        assert receiver.address.startswith("tcp://127.0.0.2:")
+        async with asyncio.timeout(10):
+            descs = await sender.send(receiver.address, "r1", {"x": torch.arange(4)})
+            assert torch.equal((await receiver.recv(descs, timeout=1))["x"], torch.arange(4))
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+def test_loading_both_ucx_libraries_in_one_process_warns():
+    """ucxx and NIXL each bring a UCX; together in one process NIXL slows ~8x, so the registry says so."""
+    import subprocess
+    import sys
+
+    for kind in ("ucx", "nixl"):
+        if (why := unavailable(kind)) is not None:
+            pytest.skip(why)
+    code = ("import logging; logging.basicConfig(level=logging.WARNING);"
+            "from transport import registry; registry._load('ucx', 'sender');"
+            "print('one', flush=True); registry._load('nixl', 'sender')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "one" in out.stdout
+    assert "both loaded in this process" in out.stderr and "own process" in out.stderr
