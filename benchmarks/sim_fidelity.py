@@ -13,10 +13,20 @@ the two live runs, for three readings of the profile:
   contention + the stack's CPU taking its share of the 2 shared cores at the offered load (PerfModel's
              opt-in host_contention), reported to show whether the data support it.
 The profile is taken right before each rate's replays because the host is shared with other jobs:
-one taken minutes earlier may describe another background load. Writes JSON with the command and
-the load average around every replay (absolute times hold only for this host and its load then).
+one taken minutes earlier may describe another background load. Each reading is also simulated with
+the three profiles pooled (profile.pool_profiles: the median of every point): on the 2026-11-29 run the
+per-rate profiles put the same decode steps 15-20 % apart while the live runs, read through the
+simulator, kept one speed, so one profile's noise set most of the TPOT error ("sim_pooled"). The
+simulated engine pads its batches as llm_node's does (EngineLimits.pad_to_longest). Writes JSON with
+the command and the load average around every replay (absolute times hold only for this host and
+its load then).
 
     python -m benchmarks.sim_fidelity --rates 2 5 8 --requests 150
+
+Offline, from a saved result (no cluster: the same requests are regenerated from the saved count and
+seed, the saved profiles and live figures are reused, only the simulator runs):
+
+    python -m benchmarks.sim_fidelity --resimulate benchmarks/results/sim_fidelity.json [--out FILE]
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from coordinator.planner.catalog import load_catalog
 from coordinator.planner.deployment import Deployment, EngineLimits
 from coordinator.planner.goodput import SLO, Summary
 from coordinator.planner.perf import PerfModel
-from coordinator.planner.profile import Profile
+from coordinator.planner.profile import Profile, pool_profiles
 from coordinator.planner.profiling import (
     ProfileSettings,
     planned_measurements,
@@ -69,16 +79,39 @@ def workload(rate: float, tokens_per_image: int) -> Workload:
 VARIANTS = ("compute", "overheads", "contention")
 
 
-def simulate(profile: Profile, requests, variant: str) -> SimResult:
-    """The simulator on one reading of the profile (VARIANTS)."""
+def simulate(profile: Profile, requests, variant: str, padded: bool = True) -> SimResult:
+    """The simulator on one reading of the profile (VARIANTS); `padded`: the engine pads its batches to
+    the longest sequence, as llm_node's reference engine does (False: the simulator before that)."""
     arch = get_arch(profile.model)
     perf = PerfModel(load_catalog(), arch, [profile], overheads=variant != "compute",
                      host_contention=variant == "contention")
     dep = Deployment.parse(DEPLOYMENT, batch=BatchPolicyConfig(name="pass_through"),
-                           engine=EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096))
+                           engine=EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096, pad_to_longest=padded))
     sim = Simulator(dep, perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1))
     return sim.run(requests)
+
+
+def simulate_cell(cell: dict, profile: Profile, requests: int, seed: int, slos: tuple[SLO, SLO],
+                  padded: bool = True) -> tuple[dict, dict]:
+    """(sim figures, errors against the cell's live mean) per variant, for one rate and one profile."""
+    reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(requests, seed=seed)
+    sims = {v: figures(*(simulate(profile, reqs, v, padded).summary(slo) for slo in slos)) for v in VARIANTS}
+    return sims, {v: relative(sims[v], cell["live_mean"]) for v in VARIANTS}
+
+
+def simulate_cells(cells: list[dict], requests: int, seed: int, slos: tuple[SLO, SLO], padded: bool = True) -> None:
+    """Fill every cell's sim/error (its own profile) and sim_pooled/error_pooled (all cells' profiles
+    pooled), in place."""
+    profiles = [Profile.model_validate(c["profile"]) for c in cells]
+    pooled = pool_profiles(profiles) if len(profiles) > 1 else None
+    for cell, profile in zip(cells, profiles):
+        cell["sim"], cell["error"] = simulate_cell(cell, profile, requests, seed, slos, padded)
+        if pooled is not None:
+            cell["sim_pooled"], cell["error_pooled"] = simulate_cell(cell, pooled, requests, seed, slos, padded)
+        else:
+            cell.pop("sim_pooled", None)
+            cell.pop("error_pooled", None)
 
 
 def figures(s: Summary, tight: Summary) -> dict:
@@ -117,12 +150,9 @@ def one_rate(cluster: LocalCluster, rate: float, a: argparse.Namespace, slos: tu
     replayer = HttpReplayer(cluster.url)
     runs = [replay(replayer, requests, slos, progress, f"{rate:g} req/s, live run {i + 1}") for i in range(2)]
     live = {k: (runs[0]["figures"][k] + runs[1]["figures"][k]) / 2 for k in METRICS}
-    results = {v: simulate(profile, requests, v) for v in VARIANTS}
-    sims = {v: figures(*(r.summary(slo) for slo in slos)) for v, r in results.items()}
     return {"rate": rate, "live_runs": runs, "live_mean": live,
             "noise_floor": {k: round(abs(runs[0]["figures"][k] - runs[1]["figures"][k]) / live[k], 4) if live[k] else None
                             for k in METRICS},
-            "sim": sims, "error": {v: relative(sims[v], live) for v in VARIANTS},
             "profile_notes": outcome.notes, "profile": profile.model_dump(mode="json")}
 
 
@@ -138,17 +168,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tight-slo-tpot", type=float, default=0.0075, help="tight TPOT SLO (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="profiling repeats per point (default: %(default)s)")
     p.add_argument("--no-pin-cores", action="store_true", help="let the workers float over all cores")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim_fidelity.json"))
+    p.add_argument("--no-padding", action="store_true",
+                   help="simulate an engine that does not pad its batches (the simulator before pad_to_longest)")
+    p.add_argument("--resimulate", type=Path, metavar="RESULT_JSON",
+                   help="no cluster: re-run only the simulator on a saved result's profiles, requests and live figures")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON to write (default: benchmarks/results/sim_fidelity.json for a live run; "
+                        "nothing for --resimulate)")
     a = p.parse_args(argv)
+    command = " ".join(["python -m benchmarks.sim_fidelity", *(sys.argv[1:] if argv is None else argv)])
+    console = Console(width=None if sys.stdout.isatty() else 140)  # a piped table keeps one line per row
+    if a.resimulate is not None:
+        return resimulate(a.resimulate, a.out, not a.no_padding, command, console)
     if a.requests < 2 or a.repeats < 1 or any(r <= 0 for r in a.rates):
         p.error("--requests must be >= 2, --repeats >= 1 and every rate > 0")
-    console = Console()
+    out = a.out or Path("benchmarks/results/sim_fidelity.json")
     slo = SLO(ttft_s=a.slo_ttft, tpot_s=a.slo_tpot)
     slos = (slo, SLO(ttft_s=a.tight_slo_ttft, tpot_s=a.tight_slo_tpot))
-    command = " ".join(["python -m benchmarks.sim_fidelity", *(sys.argv[1:] if argv is None else argv)])
     spec = ClusterSpec(encode_workers=1, llm_roles=["combined"], port=free_port(), pin_cores=not a.no_pin_cores)
     with LocalCluster(spec) as cluster, Progress(console=console, transient=True) as progress:
         cells = [one_rate(cluster, rate, a, slos, command, progress) for rate in a.rates]
+    simulate_cells(cells, a.requests, a.seed, slos, padded=not a.no_padding)
     report = {"command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {"cores": os.cpu_count(), "note": "shared with other jobs; load averages per replay"},
               "cluster": "1 encode + 1 combined worker, tiny-llava, pass-through batching, "
@@ -162,11 +202,33 @@ def main(argv: list[str] | None = None) -> int:
                            "contention": "+ the stack's CPU sharing the host's cores at the offered load "
                                          "(PerfModel(host_contention=True), opt-in)"},
               "error": "(sim - mean of the two live runs) / that mean; noise_floor = |run1 - run2| / mean",
+              "profiles": "sim/error: each rate's own profile; sim_pooled/error_pooled: the median of all rates' "
+                          "profiles (profile.pool_profiles)",
+              "engine_padding": not a.no_padding,
               "target": "|error| <= 0.10", "rates": cells}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(console, cells, slo)
-    console.print(f"wrote {a.out}")
+    console.print(f"wrote {out}")
+    return 0
+
+
+def resimulate(path: Path, out: Path | None, padded: bool, command: str, console: Console) -> int:
+    """Re-run the simulator on a saved result: its profiles, request count, seed, SLOs and live figures."""
+    report = json.loads(path.read_text())
+    slo, tight = SLO.model_validate(report["slo"]), SLO.model_validate(report["slo_tight"])
+    cells = report["rates"]
+    before = {c["rate"]: c.get("error") for c in cells}
+    simulate_cells(cells, report["requests_per_rate"], report["seed"], (slo, tight), padded)
+    report["resimulated"] = {"command": command, "from": str(path), "saved_error": before,
+                             "saved_engine_padding": report.get("engine_padding", False),
+                             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report["engine_padding"] = padded
+    print_table(console, cells, slo)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {out}")
     return 0
 
 
@@ -182,8 +244,12 @@ def print_table(console: Console, cells: list[dict], slo: SLO) -> None:
                       f"{live['goodput_tight_rps']:.2f}/s")
         table.add_row("", "noise floor (|run 1 - run 2|)", *("n/a" if c["noise_floor"][k] is None
                                                               else f"{c['noise_floor'][k]:.1%}" for k in METRICS))
+        pooled = "error_pooled" in c
         for v in VARIANTS:
             table.add_row("", f"error: {v}", *(_pct(c["error"][v][k]) for k in METRICS),
+                          end_section=v == VARIANTS[-1] and not pooled)
+        for v in VARIANTS if pooled else ():
+            table.add_row("", f"error: {v} (pooled profiles)", *(_pct(c["error_pooled"][v][k]) for k in METRICS),
                           end_section=v == VARIANTS[-1])
     console.print(table)
 

@@ -84,6 +84,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-utilisation", type=float, default=0.85,
                    help="stage 1 drops layouts busier than this at any stage (default: %(default)s)")
     p.add_argument("--catalog", action="append", default=[], help="user catalog YAML merged over the built-in one")
+    p.add_argument("--profile", action="append", default=[], metavar="PATH",
+                   help="measured service times (a `tierserve profile` JSON, or a directory of them; repeatable): "
+                        "their tiers use the measurements, others the roofline; several of one tier are pooled")
     p.add_argument("--host", default="node0", help="host name written for every GPU (default: %(default)s)")
     return p
 
@@ -105,7 +108,7 @@ def _request(a: argparse.Namespace):
                        budget_per_hour=a.budget, gpus=a.gpus, tiers=tiers, max_gpus=a.max_gpus,
                        requests_per_trial=a.requests, prediction_requests=a.predict_requests,
                        max_utilisation=a.max_utilisation, workload_seed=0, host=a.host,
-                       catalog_files=tuple(a.catalog))
+                       catalog_files=tuple(a.catalog), profile_files=tuple(a.profile))
 
 
 def run(a: argparse.Namespace) -> int:

@@ -60,6 +60,11 @@ class EngineLimits(BaseModel):
     max_num_batched_tokens: int = Field(8192, ge=1)
     """Most tokens in one step (prompt tokens of its prefills + one per decode); there is no chunked
     prefill, so every prompt (text + embeddings) must fit."""
+    pad_to_longest: bool = False
+    """The engine pads each batched forward to its longest sequence, as llm_node's reference engine
+    does (prefill right-pads the prompts, decode left-pads the KV caches): the simulator times a step
+    at batch x the longest prompt / context instead of the total (sim_engine.py). False: a paged
+    engine, whose cost follows the total tokens."""
 
     @model_validator(mode="after")
     def _room_for_every_sequence(self) -> EngineLimits:

@@ -94,6 +94,8 @@ class SearchInfo(BaseModel):
     """That trial's good requests per dollar (the prediction below re-runs it on a longer stream)."""
     stage1: Stage1Info | None = None
     """Stage 1's filter counts (HAS only)."""
+    service_times: dict[str, str] = Field(default_factory=dict)
+    """Per tier of the plan: where its service times came from ("measured: <profile source>" or "roofline")."""
 
 
 class PlanFile(BaseModel):

@@ -40,6 +40,7 @@ from coordinator.planner.goodput import SLO
 from coordinator.planner.has import HasConfig, stage2
 from coordinator.planner.perf import PerfModel
 from coordinator.planner.planfile import PlanFile, PlanNode, SearchInfo, Stage1Info
+from coordinator.planner.profile import load_profiles
 from coordinator.planner.queueing import (
     Candidate,
     Stage1Config,
@@ -109,6 +110,9 @@ class PlanRequest(BaseModel):
     """Host name written for every GPU in the plan file (edit the file for multi-host clusters)."""
     catalog_files: tuple[str, ...] = ()
     """User catalog files merged over the built-in one (extra tiers, prices)."""
+    profile_files: tuple[str, ...] = ()
+    """Measured profiles (`tierserve profile` files, or directories of them): their tiers' service times
+    come from the measurements, the others' from the roofline; several of one tier are pooled."""
     s_star: Literal["balanced", "as_stated"] = "balanced"
     """Centre of HAS's s window. as_stated: C_remote / (C_remote + C_local), EAServe's formula as DESIGN
     restates it (queueing.s_window). balanced: C_local / (C_remote + C_local), the local share that loads
@@ -185,7 +189,11 @@ def prepare(req: PlanRequest) -> PlanContext:
         if catalog.tier(tier).price_per_hour <= 0:
             raise PlanError(f"tier {tier} costs $0/h, so goodput per dollar is unbounded; give it a price in a "
                             f"user catalog file (--catalog)")
-    perf = PerfModel(catalog, arch)
+    try:
+        perf = PerfModel(catalog, arch, load_profiles(req.profile_files))
+    except (KeyError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise PlanError(f"--profile: {message}") from None
     tiers = sorted({g.tier for a in allocations for g in a.groups})
     caps = capacities(perf, catalog, arch, tiers, shape,
                       CapacityConfig(tpot_slo_s=req.slo.tpot_s, max_decode_batch=req.max_num_seqs))
@@ -246,6 +254,12 @@ def search(ctx: PlanContext, method: Method = "has", trials: int = 30, seed: int
     return searcher(baseline_spaces(ctx), backend, trials, seed, on_trial)
 
 
+def service_time_source(perf: PerfModel, tier: str) -> str:
+    """Where the performance model takes a tier's service times from, in words for the plan file."""
+    profile = perf.profiles.get(perf.catalog.resolve(tier))
+    return "roofline" if profile is None else f"measured: {profile.source or profile.measured_at}"
+
+
 def make_plan(ctx: PlanContext, result: SearchResult, seed: int = 0, storage: str | None = None) -> PlanFile:
     """The winner as a plan file, its prediction re-simulated on `prediction_requests` unseen requests."""
     req = ctx.request
@@ -261,7 +275,8 @@ def make_plan(ctx: PlanContext, result: SearchResult, seed: int = 0, storage: st
                       budget=result.budget, stop_reason=result.stop_reason, seed=seed, storage=storage,
                       requests_per_trial=req.requests_per_trial, best_trial=best.number,
                       best_trial_objective=best.outcome.objective,
-                      stage1=stage1_info if result.method == "has" else None)
+                      stage1=stage1_info if result.method == "has" else None,
+                      service_times={t: service_time_source(ctx.perf, t) for t in prices})
     return PlanFile(model=ctx.arch.name, modality=ctx.shape.modality, nodes=nodes, policy=best.config.knobs.policy(),
                     engine=dep.engine, slo=req.slo, workload=ctx.workload, prices=prices, predicted=predicted,
                     search=info)

@@ -215,13 +215,66 @@ class Profile(BaseModel):
                              f"or fix the file") from None
 
 
+def pool_profiles(profiles: Iterable[Profile], source: str = "") -> Profile:
+    """One profile from several of the same model and tier (e.g. repeated `tierserve profile` runs on one
+    cluster): at every measured point, and for every overhead, the median over the profiles that have
+    it. A single profile is a noisy sample of a shared host: on benchmarks/results/sim_fidelity.json's
+    host, three profiles taken minutes apart put the same decode steps 15-20 % apart, more than the
+    load-dependence being simulated. stage1 is dropped (it describes one run); overheads are pooled
+    only when every profile has them."""
+    found = list(profiles)
+    if not found:
+        raise ValueError("pool_profiles needs at least one profile")
+    first = found[0]
+    odd = sorted({(p.model, p.tier) for p in found} - {(first.model, first.tier)})
+    if odd:
+        raise ValueError(f"profiles of {odd} cannot be pooled with {first.model!r} on {first.tier!r}")
+
+    def med(xs: list[float]) -> float:
+        xs = sorted(xs)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+    def pooled(pairs: Iterable[tuple[object, float]]) -> list[tuple[object, float]]:
+        groups: dict[object, list[float]] = defaultdict(list)
+        for key, seconds in pairs:
+            groups[key].append(seconds)
+        return [(key, med(xs)) for key, xs in sorted(groups.items())]
+
+    encode = {}
+    for modality in sorted({m for p in found for m in p.encode}):
+        curves = [p.encode[modality] for p in found if modality in p.encode]
+        sizes = {c.tokens_per_item for c in curves}
+        if len(sizes) > 1:
+            raise ValueError(f"{modality} curves were measured with {sorted(sizes)} tokens per item; pool like with like")
+        encode[modality] = EncodeCurve(tokens_per_item=sizes.pop(), points=tuple(
+            EncodePoint(batch=b, seconds=x) for b, x in pooled((pt.batch, pt.seconds) for c in curves for pt in c.points)))
+    prefill = tuple(PrefillPoint(tokens=t, seconds=x)
+                    for t, x in pooled((pt.tokens, pt.seconds) for p in found for pt in p.prefill))
+    decode = tuple(DecodePoint(batch=k[0], context_tokens=k[1], seconds=x) for k, x in pooled(
+        ((pt.batch, pt.context_tokens), pt.seconds) for p in found for pt in p.decode))
+    overheads = None
+    if all(p.overheads is not None for p in found):
+        fields = ProfileOverheads.model_fields
+        overheads = ProfileOverheads(**{name: med([getattr(p.overheads, name) for p in found]) for name in fields
+                                        if name != "shared_cores"},
+                                     shared_cores=max(p.overheads.shared_cores for p in found))
+    return Profile(tier=first.tier, model=first.model, measured_at=max(p.measured_at for p in found),
+                   source=source or f"median of {len(found)} profiles measured {', '.join(p.measured_at for p in found)}",
+                   encode=encode, prefill=prefill, decode=decode, overheads=overheads)
+
+
 def load_profiles(paths: Iterable[str | Path]) -> Mapping[str, Profile]:
-    """Profiles from files, or from every *.json in a directory, keyed by their tier as written."""
-    found: dict[str, Profile] = {}
+    """Profiles from files, or from every *.json in a directory, keyed by their tier as written. Several
+    of one tier (repeated `tierserve profile` runs) are pooled: one run is a noisy sample of a shared host
+    (see pool_profiles)."""
+    by_tier: dict[str, list[Profile]] = defaultdict(list)
     for path in map(Path, paths):
-        for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
-            profile = Profile.load(file)
-            if profile.tier in found:
-                raise ValueError(f"two profiles for tier {profile.tier!r} (one is {file}); keep one per tier")
-            found[profile.tier] = profile
-    return found
+        if not path.exists():
+            raise ValueError(f"no profile at {path}; write one with `tierserve profile --out {path}`")
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        if not files:
+            raise ValueError(f"{path} holds no *.json profile; write one with `tierserve profile --out {path}/<tier>.json`")
+        for file in files:
+            by_tier[(profile := Profile.load(file)).tier].append(profile)
+    return {tier: found[0] if len(found) == 1 else pool_profiles(found) for tier, found in by_tier.items()}

@@ -72,6 +72,8 @@ def print_plan(console: Console, plan: PlanFile, path: Path) -> None:
     pred.add_row("TTFT p50 / p99", f"{_seconds(o.ttft_p50_s)} / {_seconds(o.ttft_p99_s)}")
     pred.add_row("TPOT mean / p99", f"{_seconds(o.tpot_mean_s)} / {_seconds(o.tpot_p99_s)}")
     pred.add_row("cost", f"${o.cost_per_hour:.2f}/h")
+    for tier, source in plan.search.service_times.items():
+        pred.add_row(f"service times ({tier})", source)
     cpg = ("inf (nothing met the SLO)" if o.goodput_rps == 0
            else f"${o.cost_per_goodput * 1000:.4f} per 1k good requests")
     pred.add_row("cost per goodput", cpg)

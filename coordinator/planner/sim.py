@@ -17,6 +17,8 @@ admitted this step followed by one decode forward over every running sequence, t
 decode_step_s; so a P+D node interleaves prefills into its decode stream at step granularity. A step
 is one event for its whole batch, and runs of decode-only steps are "coasted" with one event in all
 (sim_llm.py); every step's own duration still comes from decode_step_s, so TPOT keeps step granularity.
+With EngineLimits.pad_to_longest (llm_node's reference engine, which pads every batched forward to its
+longest sequence) a step is timed at batch x the longest prompt / context rather than their total.
 
 Modelling choices (and limits):
 - A micro-batch mixing modalities costs one encode_s per modality, over all its items, at their mean

@@ -11,10 +11,21 @@ Cost per step does not grow with the batch: the engine counts steps, and a seque
 decoding at step f with p tokens already produced finishes at step f + out - p - 1, with context
 prompt + p + (k - f) at step k. So the decodes' total context is S + n*k (S summed once per sequence)
 and finishers are looked up by step number. Per-step granularity (hence exact TPOT) is kept.
+
+Padded batches (`padded=True`, EngineLimits.pad_to_longest): llm_node's reference engine pads every
+batched forward to its longest sequence (model_runner.prefill right-pads the prompts; kv.py's
+build_decode_batch left-pads the KV caches and attends over all of it), so a step costs what a uniform
+batch at the longest length costs: n prefills of longest prompt P cost a prefill of n*P tokens, and d
+decodes whose longest context is L cost a decode step at d*L context tokens (exactly the uniform
+batches a profile measures). The longest context is kept like the sum: as the largest `base` among
+the decoding sequences (a heap, pruned lazily as they finish) plus k, so a step stays O(1) amortised.
+StepPlan's prefill_cost_tokens / decode_cost_context carry the sizes to time the step at; without
+padding they are the sums.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,6 +62,12 @@ class StepPlan:
     """Sequences that each produce one token in this step's decode forward."""
     context_tokens: int = 0
     """KV tokens those sequences hold in total."""
+    prefill_cost_tokens: int = 0
+    """Size to time the prefill forward at: prefill_tokens, or len(prefills) x the longest prompt
+    when the engine pads its batches."""
+    decode_cost_context: int = 0
+    """Context to time the decode forward at: context_tokens, or decodes x the longest context when
+    the engine pads its batches."""
 
 
 @dataclass(slots=True)
@@ -68,8 +85,11 @@ class StepResult:
 class EngineModel:
     """Waiting queue and running set of one engine; no clock (the caller times each StepPlan)."""
 
-    def __init__(self, role: EngineRole, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, role: EngineRole, max_num_seqs: int, max_num_batched_tokens: int,
+                 padded: bool = False) -> None:
         self.role = role
+        self.padded = padded
+        """Time each forward at its batch padded to the longest sequence (module docstring)."""
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Flight] = deque()
@@ -81,6 +101,10 @@ class EngineModel:
         self._context_base = 0
         self._finishing: dict[int, list[Flight]] = {}
         self._step = 0
+        self._bases: list[int] = []
+        """Padded only: -base of every decoding sequence (a max-heap), with finished ones pruned lazily."""
+        self._gone: dict[int, int] = {}
+        """Padded only: bases of finished sequences still in _bases, with their counts."""
 
     @property
     def load(self) -> int:
@@ -111,6 +135,7 @@ class EngineModel:
         plan = StepPlan(k)
         budget = self.max_num_batched_tokens - self._decoding
         decode_role = self.role == "decode"
+        longest = 0
         while self.waiting and self.running < self.max_num_seqs:
             f = self.waiting[0]
             cost = 1 if decode_role else f.prompt
@@ -125,8 +150,14 @@ class EngineModel:
                 self.waiting_tokens -= f.prompt
                 plan.prefills.append(f)
                 plan.prefill_tokens += f.prompt
+                longest = max(longest, f.prompt)
         plan.decodes = self._decoding
         plan.context_tokens = self._context_base + self._decoding * k
+        if self.padded:
+            plan.prefill_cost_tokens = len(plan.prefills) * longest
+            plan.decode_cost_context = self._decoding * (self._longest_base() + k) if self._decoding else 0
+        else:
+            plan.prefill_cost_tokens, plan.decode_cost_context = plan.prefill_tokens, plan.context_tokens
         return plan
 
     def complete(self, plan: StepPlan) -> StepResult:
@@ -137,7 +168,12 @@ class EngineModel:
             self.running -= 1
             self._decoding -= 1
             self._context_base -= f.base
+            if self.padded:
+                self._gone[f.base] = self._gone.get(f.base, 0) + 1
             out.finished.append(f)
+        if self.padded and not self._decoding and self._bases:
+            self._bases.clear()  # every entry is stale: drop them at once
+            self._gone.clear()
         for f in plan.prefills:
             f.produced = 1
             out.first_tokens.append(f)
@@ -161,12 +197,29 @@ class EngineModel:
 
     def plain_decode_step(self) -> tuple[int, int] | None:
         """Take the next step now if it would only decode, admitting and finishing no one (so nothing
-        outside the engine can tell it happened): its (batch, context tokens). None otherwise."""
+        outside the engine can tell it happened): its (batch, context to time it at, as
+        StepPlan.decode_cost_context). None otherwise."""
         k = self._step
         if not self._decoding or k in self._finishing or self.can_admit():
             return None
         self._step = k + 1
+        if self.padded:
+            return self._decoding, self._decoding * (self._longest_base() + k)
         return self._decoding, self._context_base + self._decoding * k
+
+    def _longest_base(self) -> int:
+        """The largest base among the decoding sequences (padded engines; at least one is decoding)."""
+        heap, gone = self._bases, self._gone
+        while True:
+            top = -heap[0]
+            left = gone.get(top)
+            if not left:
+                return top
+            heapq.heappop(heap)
+            if left == 1:
+                del gone[top]
+            else:
+                gone[top] = left - 1
 
     @property
     def step_index(self) -> int:
@@ -183,5 +236,7 @@ class EngineModel:
         f.base = f.prompt + f.produced - first_step
         self._context_base += f.base
         self._decoding += 1
+        if self.padded:
+            heapq.heappush(self._bases, -f.base)
         last = first_step + f.record.request.output_tokens - f.produced - 1
         self._finishing.setdefault(last, []).append(f)

@@ -40,14 +40,14 @@ class Engine:
         self.tier = tier
         self.host = host
         limits = cluster.deployment.engine
-        self.model = EngineModel(role, limits.max_num_seqs, limits.max_num_batched_tokens)
+        self.model = EngineModel(role, limits.max_num_seqs, limits.max_num_batched_tokens, limits.pad_to_longest)
 
     def next_step(self, now: float) -> tuple[StepPlan, float, float]:
         """The next step and its prefill and decode seconds at the full GPU."""
         plan = self.model.schedule()
         svc = self.cluster.service
-        prefill = svc.prefill_s(self.tier, plan.prefill_tokens) if plan.prefills else 0.0
-        decode = svc.decode_step_s(self.tier, plan.decodes, plan.context_tokens) if plan.decodes else 0.0
+        prefill = svc.prefill_s(self.tier, plan.prefill_cost_tokens) if plan.prefills else 0.0
+        decode = svc.decode_step_s(self.tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
         for f in plan.prefills:
             f.record.prefill_start = now
         return plan, prefill, decode

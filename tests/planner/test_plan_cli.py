@@ -85,3 +85,45 @@ def test_console_script_exits_nonzero_without_a_traceback(tmp_path):
                           check=False)
     assert proc.returncode == 2
     assert "unknown GPU tier 'NOPE'" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def _measured(tmp_path, name: str, scale: float, model: str = "llava-1.5-7b"):
+    """A profile of the RTX 4090 for `model`, every time `scale` x a base, written to tmp_path/name."""
+    from coordinator.planner.profile import Profile
+
+    profile = Profile.model_validate(dict(
+        tier="rtx4090", model=model, measured_at=f"2026-11-0{int(scale * 2)}", source=f"run {name}",
+        encode={"image": {"tokens_per_item": 576, "points": [{"batch": 1, "seconds": 0.010 * scale},
+                                                            {"batch": 4, "seconds": 0.025 * scale}]}},
+        prefill=[{"tokens": 1000, "seconds": 0.1 * scale}, {"tokens": 2000, "seconds": 0.18 * scale}],
+        decode=[{"batch": 1, "context_tokens": 1000, "seconds": 0.020 * scale},
+                {"batch": 8, "context_tokens": 8000, "seconds": 0.030 * scale}]))
+    return profile.save(tmp_path / name)
+
+
+def test_measured_profiles_replace_the_roofline_for_their_tier_and_are_pooled(capsys, tmp_path):
+    from coordinator.planner.profile import load_profiles
+
+    for name, scale in (("a.json", 1.0), ("b.json", 3.0), ("c.json", 2.0)):
+        _measured(tmp_path / "profiles", name, scale)
+    pooled = load_profiles([tmp_path / "profiles"])["rtx4090"]
+    assert pooled.prefill_s(1000) == pytest.approx(0.2)  # the median of 0.1, 0.3 and 0.2
+    out_file = tmp_path / "plan.yaml"
+    code, out = run_cli(capsys, "--gpus", "2xRTX4090,2xA100", "--model", "llava-1.5-7b", "--out", str(out_file),
+                        "--profile", str(tmp_path / "profiles"))
+    assert code == 0, out
+    sources = load_plan(out_file).search.service_times
+    assert sources["RTX4090"].startswith("measured: median of 3 profiles")
+    assert sources["A100-80GB"] == "roofline"
+    assert "service times (RTX4090)" in out and "measured: median of 3 profiles" in out
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda d: d / "missing.json", "--profile: no profile at"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "holds no *.json profile"),
+    (lambda d: _measured(d, "tiny.json", 1.0, model="tiny-llava"), "measured on model 'tiny-llava', not 'llava-1.5-7b'"),
+])
+def test_bad_profiles_are_refused_with_the_fix(capsys, tmp_path, make, needle):
+    code, out = run_cli(capsys, "--gpus", "2xRTX4090,2xA100", "--model", "llava-1.5-7b", "--profile", str(make(tmp_path)))
+    assert code == 2 and needle in out, out
+    assert "Traceback" not in out
