@@ -7,7 +7,7 @@ then its child's `recv()` with the returned descriptors (which checks the CRC32 
 worker does; both are also reported alone. The limits are measured the same way: single-copy shared memory (copy into a mapped /dev/shm
 segment, one-byte pipe ping-pong) on one host, and raw TCP (`sendall`, `recv_into` a pre-allocated
 buffer, one-byte reply) for the network path, where ucx and nixl run with UCX_TLS=tcp. Rows
-"[checksum=none]" leave the CRC32 out, "ucx[cma]" lets UCX use cross-memory attach (unsafe, see
+"[checksum=none]" leave the CRC32 out, "ucx[sm]" lets UCX use its shared-memory transports (unsafe, see
 transport/README.md), rows "<lib>-dataplane" are the library alone (transport/dataplane.py): together
 they say where the time goes. `--repeat N` runs it all N times and reports the
 spread of each share. JSON out, with the command and the machine's load.
@@ -51,7 +51,7 @@ TARGET = 0.8
 VERDICT_SIZE = 4718592
 WARMUP = 3
 TCP = {"UCX_TLS": "tcp"}
-CMA = {"UCX_TLS": "self,sm,tcp"}
+SM = {"UCX_TLS": "self,sm,tcp"}
 
 
 def parse_size(text: str) -> int:
@@ -77,12 +77,12 @@ def lane_factories(kinds: list[str], sizes: list[int]) -> dict[str, Callable[[],
         lanes["local:host"] = lambda: BackendLane("local:host", "host", "local")
     if "tcp" in kinds:
         lanes["tcp:tcp"] = lambda: BackendLane("tcp:tcp", "tcp", "tcp")
-    if "ucx" in kinds:  # [cma]: UCX's single-copy transport, fast but unsafe when a peer dies (README)
+    if "ucx" in kinds:  # [sm]: UCX's shared-memory transports (cma, posix), fast but unsafe when a peer dies (README)
         lanes |= {"ucx:host": lambda: BackendLane("ucx:host", "host", "ucx"),
                   "ucx[checksum=none]:host": lambda: BackendLane("ucx[checksum=none]:host", "host", "ucx",
                                                                  checksum="none"),
-                  "ucx[cma]:host": lambda: BackendLane("ucx[cma]:host", "host", "ucx", CMA,
-                                                       options={"TLS": CMA["UCX_TLS"]}),
+                  "ucx[sm]:host": lambda: BackendLane("ucx[sm]:host", "host", "ucx", SM,
+                                                      options={"TLS": SM["UCX_TLS"]}),
                   "ucx-dataplane:host": lambda: DataplaneLane("ucx-dataplane:host", "host", "ucx", top),
                   "ucx:tcp": lambda: BackendLane("ucx:tcp", "tcp", "ucx", TCP, options={"TLS": "tcp"}),
                   "ucx-dataplane:tcp": lambda: DataplaneLane("ucx-dataplane:tcp", "tcp", "ucx", top, TCP)}

@@ -24,11 +24,19 @@ import numpy as np
 from transport.base import TransportError
 
 _ucxx: Any = None
-SAFE_TLS = "self,posix,sysv,tcp"
-"""Transports used unless UCX_TLS (or options["TLS"]) says otherwise. Without peer-failure handling (which
-UCX's shared-memory transports lack, and with which UCX 1.21 moves tag rendezvous over TCP), cma aborts the
-whole process when its peer dies mid-transfer ("process_vm_readv ... No such process", seen again in the
-contract tests); posix/sysv shared memory and tcp report the failure instead, so they are the default."""
+SAFE_TLS = "self,tcp"
+"""Transports used unless UCX_TLS (or options["TLS"]) says otherwise. UCX's shared-memory transports have no
+peer-failure handling: with cma a sender that dies mid-transfer aborts the receiving process
+("process_vm_readv ... No such process"), and with posix/sysv a sender killed mid-flood left the
+receiver's shared receive FIFO stalled, so a new sender's offer went unanswered (2 of 6 runs of the
+contract test that kills a sender; 0 of 8 with tcp only). A dead encode worker must not wedge a prefill
+worker, so the default is tcp even on one host; set UCX_TLS (e.g. self,sm,tcp) to trade that for speed."""
+
+
+RNDV_SCHEME = "put_zcopy"
+"""Rendezvous protocol for large tag messages unless UCX_RNDV_SCHEME says otherwise. UCX's automatic choice
+moved 4.5 MB over TCP at 45-54 % of raw TCP; with the sender PUTting the bytes, 101 % (the ucxx data plane
+alone: 154 %, as NIXL's WRITE over TCP), measured with benchmarks/transport.py."""
 
 
 def _lib() -> Any:
@@ -86,6 +94,8 @@ class UcxWorker:
         config = dict(options or {})
         if "UCX_TLS" not in os.environ:
             config.setdefault("TLS", SAFE_TLS)
+        if "UCX_RNDV_SCHEME" not in os.environ:
+            config.setdefault("RNDV_SCHEME", RNDV_SCHEME)
         self.context = lib.UCXContext(config_dict=config, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
         self.worker = lib.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
