@@ -56,6 +56,10 @@ def test_non_streaming_client_that_gives_up_aborts_generation(cluster):
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline and _llm_load(cluster) > 0:
         time.sleep(0.25)
-    assert _llm_load(cluster) == 0, "the worker kept generating for a client that left"
+    if _llm_load(cluster) != 0:  # seen once in a full-suite run, never alone: keep what explains it
+        workers = httpx.get(f"{cluster.url}/v1/cluster", timeout=5).json()["workers"]
+        logs = "\n".join(f"--- {n}\n{cluster.tail(n, 15)}" for n in cluster.procs if "llm" in n or n == "coordinator")
+        pytest.fail(f"the worker kept generating for a client that left {time.monotonic() - t0:.1f}s ago; "
+                    f"workers: {workers}\n{logs}")
     metrics = httpx.get(f"{cluster.url}/metrics", timeout=5).text
     assert 'tierserve_requests_total{outcome="disconnected"}' in metrics, time.monotonic() - t0
