@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from transport.base import TransportError
+from transport.base import EmbeddingReceiver, TransportError
 from transport.checksum import crc32, off_loop
 from transport.wire import TensorDescriptor, same_tensor, tensor_bytes
 
@@ -118,3 +118,23 @@ class Inbox:
     def _expire(self, rid: str) -> None:
         log.warning("dropping unclaimed tensors %s of %s after %ss", sorted(self._arrived.get(rid, {})), rid, self.ttl)
         self.drop(rid)
+
+
+class InboxReceiver(EmbeddingReceiver):
+    """A receiver that files arrivals in `self._inbox`: claiming, discarding and its gauges are the inbox's."""
+
+    _inbox: Inbox
+
+    @property
+    def ttl(self) -> float:
+        return self._inbox.ttl
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._inbox.pending_bytes
+
+    async def recv(self, descriptors: list[TensorDescriptor], timeout: float = 30.0) -> dict[str, torch.Tensor]:
+        return await self._inbox.claim(descriptors, timeout)
+
+    async def discard(self, request_id: str) -> None:
+        self._inbox.drop(request_id)

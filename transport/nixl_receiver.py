@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from transport.base import EmbeddingReceiver, TransportError
-from transport.inbox import Inbox
+from transport.base import TransportError
+from transport.inbox import Inbox, InboxReceiver
 from transport.messages import (
     Bye,
     ControlError,
@@ -60,7 +60,7 @@ class _Slab:
         return self.start <= start and start + nblocks <= self.start + self.blocks
 
 
-class NixlReceiver(EmbeddingReceiver):
+class NixlReceiver(InboxReceiver):
     """Grants pool space to senders, files what they write, credits it back when the engine is done."""
 
     def __init__(self, worker_id: str = "", *, ttl: float = 300.0, timeout: float = 120.0,
@@ -103,14 +103,6 @@ class NixlReceiver(EmbeddingReceiver):
             raise TransportError("the nixl receiver has no address before start()")
         return self._address
 
-    @property
-    def ttl(self) -> float:
-        return self._inbox.ttl
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._inbox.pending_bytes
-
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._nx = await asyncio.to_thread(NixlAgent, f"receiver-{self.worker_id}", error_handling=self._error_handling)
@@ -131,9 +123,6 @@ class NixlReceiver(EmbeddingReceiver):
             return await self._inbox.claim(descriptors, timeout)
         finally:
             self._waiting -= 1
-
-    async def discard(self, request_id: str) -> None:
-        self._inbox.drop(request_id)
 
     async def close(self) -> None:
         if self._poller is not None:

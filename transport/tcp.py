@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import ValidationError
 
-from transport.base import EmbeddingReceiver, EmbeddingSender, TransportError
+from transport.base import EmbeddingSender, TransportError
 from transport.checksum import off_loop
-from transport.inbox import Inbox
+from transport.inbox import Inbox, InboxReceiver
 from transport.local_frame import (
     DESCS,
     FATAL,
@@ -140,7 +140,7 @@ class _Reject(Exception):
         self.status = status
 
 
-class TcpReceiver(EmbeddingReceiver):
+class TcpReceiver(InboxReceiver):
     """Accepts frames on a TCP port, reads payloads into tensors it allocated, verifies, then replies."""
 
     def __init__(self, worker_id: str = "", *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
@@ -165,14 +165,6 @@ class TcpReceiver(EmbeddingReceiver):
         host = self.advertise or self.host
         return f"tcp://{f'[{host}]' if ':' in host else host}:{self.port}"
 
-    @property
-    def ttl(self) -> float:
-        return self._inbox.ttl
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._inbox.pending_bytes
-
     async def start(self) -> None:
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -187,12 +179,6 @@ class TcpReceiver(EmbeddingReceiver):
         self._listener, self.port = sock, sock.getsockname()[1]
         self._inbox.where = self.address
         self._spawn(self._accept())
-
-    async def recv(self, descriptors: list[TensorDescriptor], timeout: float = 30.0) -> dict[str, torch.Tensor]:
-        return await self._inbox.claim(descriptors, timeout)
-
-    async def discard(self, request_id: str) -> None:
-        self._inbox.drop(request_id)
 
     async def close(self) -> None:
         if self._listener is not None:

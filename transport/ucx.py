@@ -21,9 +21,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from transport.base import EmbeddingReceiver, EmbeddingSender, TransportError
+from transport.base import EmbeddingSender, TransportError
 from transport.checksum import crc32, off_loop
-from transport.inbox import Inbox
+from transport.inbox import Inbox, InboxReceiver
 from transport.messages import MAX_CONTROL, ControlError, Offer, Reply, pack, unpack
 from transport.pool import RecvBuffers
 from transport.ucx_worker import UcxWorker, array
@@ -108,7 +108,7 @@ class UcxSender(EmbeddingSender):
             self._ucx.close()
 
 
-class UcxReceiver(EmbeddingReceiver):
+class UcxReceiver(InboxReceiver):
     """Keeps a receive posted for offers; per offer, posts one receive per tensor into its pool and accepts."""
 
     def __init__(self, worker_id: str = "", *, ttl: float = 300.0, max_payload: int = 4 << 30,
@@ -132,14 +132,6 @@ class UcxReceiver(EmbeddingReceiver):
             raise TransportError("the ucx receiver has no address before start()")
         return self._ucx.address
 
-    @property
-    def ttl(self) -> float:
-        return self._inbox.ttl
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._inbox.pending_bytes
-
     async def start(self) -> None:
         self._ucx = UcxWorker(**self._opts)
         self._inbox.where = self._ucx.address[:48] + "..."
@@ -147,12 +139,6 @@ class UcxReceiver(EmbeddingReceiver):
         await asyncio.to_thread(self._buffers.pool.memory.numpy().fill, 0)
         self._post_offer_recv()
         self._ucx.add_hook(self._offers)
-
-    async def recv(self, descriptors: list[TensorDescriptor], timeout: float = 30.0) -> dict[str, torch.Tensor]:
-        return await self._inbox.claim(descriptors, timeout)
-
-    async def discard(self, request_id: str) -> None:
-        self._inbox.drop(request_id)
 
     async def close(self) -> None:
         if self._ucx is not None:
