@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -57,6 +58,7 @@ from coordinator.planner.profiling import (
 )
 from coordinator.planner.replay import HttpReplayer, summarize_replay
 from coordinator.planner.sim import SimResult, Simulator
+from coordinator.planner.ttft_stages import STAGES, live_stages, sim_stages
 from coordinator.planner.workload import ArrivalProcess, RequestClass, Uniform, Workload
 from coordinator.policies.base import BatchPolicyConfig
 from coordinator.redis_server import free_port
@@ -96,7 +98,10 @@ def simulate_cell(cell: dict, profile: Profile, requests: int, seed: int, slos: 
                   padded: bool = True) -> tuple[dict, dict]:
     """(sim figures, errors against the cell's live mean) per variant, for one rate and one profile."""
     reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(requests, seed=seed)
-    sims = {v: figures(*(simulate(profile, reqs, v, padded).summary(slo) for slo in slos)) for v in VARIANTS}
+    sims = {}
+    for v in VARIANTS:
+        result = simulate(profile, reqs, v, padded)
+        sims[v] = figures(*(result.summary(slo) for slo in slos)) | {"ttft_stages": rounded(sim_stages(result.records))}
     return sims, {v: relative(sims[v], cell["live_mean"]) for v in VARIANTS}
 
 
@@ -122,6 +127,10 @@ def figures(s: Summary, tight: Summary) -> dict:
             "duration_s": round(s.duration_s, 3)}
 
 
+def rounded(stages: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 5) for k, v in stages.items()}
+
+
 def relative(value: dict, ref: dict) -> dict[str, float | None]:
     """(value - ref) / ref per metric; None where ref is 0."""
     return {k: round((value[k] - ref[k]) / ref[k], 4) if ref[k] else None for k in METRICS}
@@ -133,7 +142,8 @@ def replay(replayer: HttpReplayer, requests, slos: tuple[SLO, SLO], progress: Pr
     load_before = os.getloadavg()[0]
     records, mean_batch = replayer.run(requests)
     judged = [summarize_replay(records, slo, mean_batch) for slo in slos]
-    return {"figures": figures(*judged), "failed": sum(not r.ok for r in records),
+    return {"figures": figures(*judged), "ttft_stages": rounded(live_stages(records)),
+            "failed": sum(not r.ok for r in records),
             "prompt_token_mismatches": sum(r.ok and r.prompt_tokens != r.request.prompt_tokens for r in records),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
@@ -150,7 +160,9 @@ def one_rate(cluster: LocalCluster, rate: float, a: argparse.Namespace, slos: tu
     replayer = HttpReplayer(cluster.url)
     runs = [replay(replayer, requests, slos, progress, f"{rate:g} req/s, live run {i + 1}") for i in range(2)]
     live = {k: (runs[0]["figures"][k] + runs[1]["figures"][k]) / 2 for k in METRICS}
-    return {"rate": rate, "live_runs": runs, "live_mean": live,
+    stages = [r["ttft_stages"] for r in runs if r["ttft_stages"]]
+    live_stages_mean = {k: round(sum(st[k] for st in stages) / len(stages), 5) for k in STAGES} if stages else {}
+    return {"rate": rate, "live_runs": runs, "live_mean": live, "live_ttft_stages": live_stages_mean,
             "noise_floor": {k: round(abs(runs[0]["figures"][k] - runs[1]["figures"][k]) / live[k], 4) if live[k] else None
                             for k in METRICS},
             "profile_notes": outcome.notes, "profile": profile.model_dump(mode="json")}
@@ -251,6 +263,22 @@ def print_table(console: Console, cells: list[dict], slo: SLO) -> None:
         for v in VARIANTS if pooled else ():
             table.add_row("", f"error: {v} (pooled profiles)", *(_pct(c["error_pooled"][v][k]) for k in METRICS),
                           end_section=v == VARIANTS[-1])
+    console.print(table)
+    stage_table(console, cells)
+
+
+def stage_table(console: Console, cells: list[dict]) -> None:
+    """Mean TTFT per stage (ttft_stages.py), live against the default reading with pooled profiles."""
+    if not any(c.get("live_ttft_stages") for c in cells):
+        return
+    table = Table(title="mean TTFT by stage, ms: live / simulated (overheads reading, pooled profiles if any)")
+    for col in ("rate", *STAGES):
+        table.add_column(col, justify="right")
+    for c in cells:
+        live = c.get("live_ttft_stages") or {}
+        sim = (c.get("sim_pooled") or c["sim"])["overheads"].get("ttft_stages") or {}
+        table.add_row(f"{c['rate']:g}", *(f"{live.get(k, math.nan) * 1e3:.1f} / {sim.get(k, math.nan) * 1e3:.1f}"
+                                          for k in STAGES))
     console.print(table)
 
 

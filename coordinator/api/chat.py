@@ -199,9 +199,12 @@ async def _until_disconnected(request: Request, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-def _chunk(tr: Tracker, model: str, created: int, delta: Delta, finish=None, usage=None, choices=True) -> str:
+def _chunk(tr: Tracker, model: str, created: int, delta: Delta, finish=None, usage=None, choices=True,
+           extra: dict | None = None) -> str:
     c = ChatCompletionChunk(id=tr.request_id, created=created, model=model, usage=usage,
                             choices=[ChunkChoice(delta=delta, finish_reason=finish)] if choices else [])
+    if extra:
+        return f"data: {json.dumps({**c.model_dump(mode='json', exclude_none=False), **extra})}\n\n"
     return f"data: {c.model_dump_json(exclude_none=False)}\n\n"
 
 
@@ -221,9 +224,10 @@ async def _sse(state: AppState, model: str, tr: Tracker, events: AsyncIterator[T
                 yield _chunk(tr, model, created, Delta(content=ev.text))
             if ev.finish_reason is not None:
                 yield _chunk(tr, model, created, Delta(), finish=openai_finish_reason(ev.finish_reason))
-                if include_usage:
-                    yield _chunk(tr, model, created, Delta(), usage=Usage.of(tr.prompt_tokens, tr.tokens), choices=False)
-                tr.record("ok")
+                record = tr.record("ok")
+                if include_usage:  # the usage chunk also carries the `tierserve` record, as a JSON answer does
+                    yield _chunk(tr, model, created, Delta(), usage=Usage.of(tr.prompt_tokens, tr.tokens),
+                                 choices=False, extra={"tierserve": record})
         finished = True
         yield "data: [DONE]\n\n"
     except RelayTimeout as e:

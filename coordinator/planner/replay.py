@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
@@ -32,6 +32,7 @@ from coordinator.planner.live_http import (
     LiveClusterError,
     PromptSizer,
     chat_body,
+    mark_offsets,
     served_model,
 )
 from coordinator.planner.workload import SimRequest, Workload
@@ -68,6 +69,9 @@ class ReplayRecord:
     """usage.prompt_tokens: compare with request.prompt_tokens."""
     error: str | None = None
     """Why the request failed; None when it finished."""
+    marks: dict[str, float] = field(default_factory=dict)
+    """The coordinator's per-hop marks (live_http.mark_offsets: seconds since it received the request),
+    from the usage chunk's `tierserve` record; empty from a server that sends none."""
 
     @property
     def ok(self) -> bool:
@@ -100,6 +104,7 @@ async def stream_request(client: httpx.AsyncClient, record: ReplayRecord, body: 
                 if chunk.get("usage"):
                     record.output_tokens = chunk["usage"]["completion_tokens"]
                     record.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    record.marks = mark_offsets((chunk.get("tierserve") or {}).get("stages_s") or {})
                 for choice in chunk.get("choices", ()):
                     if choice.get("delta", {}).get("content"):
                         first = first or now

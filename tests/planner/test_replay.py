@@ -9,11 +9,12 @@ import httpx
 import pytest
 
 from coordinator.planner.allocation import parse_allocation
-from coordinator.planner.goodput import SLO
+from coordinator.planner.goodput import SLO, RequestRecord
 from coordinator.planner.live import LiveBackend
 from coordinator.planner.live_http import LiveClusterError
 from coordinator.planner.replay import HttpReplayer, ReplayRecord, summarize_replay
 from coordinator.planner.space import Knobs, TrialConfig
+from coordinator.planner.ttft_stages import STAGES, live_stages, sim_stages
 from coordinator.planner.workload import (
     ArrivalProcess,
     RequestClass,
@@ -48,6 +49,22 @@ def test_one_token_answers_have_no_tpot():
     assert record(0, 0.0, 0.1, 0.1, 1).tpot == 0.0 and math.isnan(ReplayRecord(SimRequest(0, 0, "image", 1, 1, 1, 2)).ttft)
 
 
+def test_ttft_stages_add_up_to_the_mean_ttft_live_and_simulated():
+    live = [record(0, 0.0, 0.100, 0.5, 5), record(1, 1.0, 0.200, 0.8, 5), record(2, 2.0, 0, 0, 5, error="HTTP 500"),
+            record(3, 3.0, 0.300, 0.9, 5)]
+    live[0].marks = {"encode_start": 0.010, "encode_end": 0.030, "first_token": 0.090}
+    live[1].marks = {"encode_start": 0.050, "encode_end": 0.070, "first_token": 0.180}   # record 3: no marks (foreign)
+    st = live_stages(live)
+    assert st["requests"] == 2
+    assert [round(st[k], 6) for k in STAGES] == [0.030, 0.020, 0.085, 0.015]
+    assert live_stages(live[2:]) == {}
+    sim = [RequestRecord(SimRequest(0, 1.0, "image", 1, 196, 20, 4), encode_start=1.01, encode_end=1.05,
+                         first_token=1.2),
+           RequestRecord(SimRequest(1, 2.0, "image", 1, 196, 20, 4))]                 # never got a token
+    st = sim_stages(sim)
+    assert st["requests"] == 1 and [round(st[k], 6) for k in STAGES] == [0.01, 0.04, 0.15, 0.0]
+
+
 def test_only_image_workloads_replay():
     video = [SimRequest(0, 0.0, "video", 1, 64, 10, 4)]
     with pytest.raises(LiveClusterError, match=r"image requests only.*\['video'\]"):
@@ -71,6 +88,10 @@ def test_open_loop_replay_keeps_the_workloads_lengths(live_cluster):
     for r in records:
         assert r.prompt_tokens == r.request.prompt_tokens and r.output_tokens == r.request.output_tokens
         assert 0 < r.ttft <= r.e2e and r.tpot >= 0
+        assert 0 < r.marks["encode_start"] < r.marks["encode_end"] < r.marks["first_token"] < r.ttft  # usage chunk
+    stages = live_stages(records)
+    assert stages["requests"] == 6 and all(stages[k] > 0 for k in STAGES)
+    assert sum(stages[k] for k in STAGES) == pytest.approx(sum(r.ttft for r in records) / 6)
     sends = [r.sent for r in records]
     offsets = [q.arrival - requests[0].arrival for q in requests]
     assert all(abs((s - sends[0]) - o) < 0.05 for s, o in zip(sends, offsets))   # open loop: sent on schedule
