@@ -44,6 +44,8 @@ class RequestRouter:
     def __init__(self, encoder_id: str) -> None:
         self.encoder_id = encoder_id
         self.offload = OffloadRouter(0.0)
+        self.saturation_load: int | None = None
+        """OffloadConfig.saturation_load: when a side counts as saturated."""
         self.stealing = WorkStealing()
         self._rr = 0
 
@@ -52,6 +54,9 @@ class RequestRouter:
         changed = False
         if policy.offload.s != self.offload.share:
             self.offload.set_share(policy.offload.s)
+            changed = True
+        if policy.offload.saturation_load != self.saturation_load:
+            self.saturation_load = policy.offload.saturation_load
             changed = True
         if policy.stealing != self.stealing.config:
             self.stealing.config = policy.stealing
@@ -72,7 +77,8 @@ class RequestRouter:
         if targets.steal and self.stealing.should_keep(now):
             self.stealing.started(job.request_id, now)
             return least_loaded(targets.steal, self._rr)
-        side = self.offload.route(bool(targets.local), bool(targets.remote))
+        side = self.offload.route_by_load([w.load for w in targets.local], [w.load for w in targets.remote],
+                                          self.saturation_load)
         if side is None:  # stealing (asked above) already covers "no remote worker alive"
             return None
         return least_loaded(targets.local if side == "local" else targets.remote, self._rr)

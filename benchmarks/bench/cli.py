@@ -197,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = build_plan(a)
         _writable(a.out)  # before the run: a long run must not end unable to save its results
+        failures: list[str] = []
         with LiveObserver(console, a.quiet) as observer:
-            cells = run(plan, observer)
+            cells = run(plan, observer, failures)
+        if failures and not cells:
+            raise TargetError(failures[0] if len(failures) == 1 else "; ".join(failures))
     except USER_ERRORS as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
         return 2
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(cells)
     title = "tierserve bench" + (f" (SLO: {plan.slo.label()})" if plan.slo else " (no --goodput: goodput = completed)")
     t = table(cells, title)
-    doc = results_json(cells, _context(a, argv, plan, load_at_start))
+    doc = results_json(cells, _context(a, argv, plan, load_at_start) | {"failed_targets": failures})
     out: Path = a.out
     write_json(out / "bench.json", doc)
     (out / "table.txt").write_text(f"$ {doc['command']}\n# git {doc['git_revision']}, {doc['date']}\n\n{table_text(t)}")
@@ -222,5 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
     if not any(c.summary["completed"] for c in cells):
         console.print("[red]error:[/] no request completed in any cell; see the errors column")
+        return 1
+    if failures:
+        console.print(f"[red]error:[/] {len(failures)} target(s) failed part-way ({escape('; '.join(failures))}); "
+                      "the cells measured before are written", highlight=False)
         return 1
     return 0

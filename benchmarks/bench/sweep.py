@@ -118,7 +118,8 @@ def _warm_up(url: str, plan: Plan, opts: ClientOptions, label: str) -> None:
     if not any(r.ok for r in records):
         r = records[0]
         raise TargetError(f"{label}: every warm-up request failed ({r.error_type}: {r.error}); not an OpenAI-compatible "
-                          "chat-completions server, or the workload is one it rejects (see --modality, --model)")
+                          "chat-completions server, or the workload is one it rejects (see --modality, --model; a server that "
+                          "refuses unknown fields needs --no-ignore-eos)")
 
 
 def _apply(url: str, system: System, policy: dict[str, Any], plan: Plan) -> None:
@@ -132,30 +133,56 @@ def _policy(system: System, rate: float, plan: Plan, encode_workers: int) -> dic
     return policy_for(system.preset, rate, encode_workers, plan.slo.ttft_ms if plan.slo else None)
 
 
-def run(plan: Plan, observer: Observer) -> list[Cell]:
+def run(plan: Plan, observer: Observer, failures: list[str] | None = None) -> list[Cell]:
+    """Every cell, system-major. A target that fails (unreachable, a preset refused, every warm-up failed)
+    is reported in `failures` and the others still run, keeping the cells measured so far; without a
+    `failures` list, the first such error is raised."""
     cells: list[Cell] = []
     targets: dict[Target, list[System]] = {}
     for s in plan.systems:
         targets.setdefault(s.target, []).append(s)
     for target, systems in targets.items():
-        if target.kind == "sim":
-            cells += [_sim_cell(system, rate, plan, observer) for system in systems for rate in plan.rates]
-            continue
-        cells += _run_target(target, systems, plan, observer)
+        try:
+            if target.kind == "sim":
+                for system in systems:
+                    cells += [_sim_cell(system, rate, plan, observer) for rate in plan.rates]
+            else:
+                _run_target(target, systems, plan, observer, cells)
+        except (TargetError, PresetError) as e:
+            if failures is None:
+                raise
+            failures.append(str(e))
+            observer.note(f"[red]error:[/] {e}; the other targets still run")
     order = {s.label: i for i, s in enumerate(plan.systems)}
     return sorted(cells, key=lambda c: (order[c.system], plan.rates.index(c.rate) if not math.isnan(c.rate) else 0))
 
 
-def _run_target(target: Target, systems: list[System], plan: Plan, observer: Observer) -> list[Cell]:
+def _as_itself(target: Target, systems: list[System], plan: Plan, observer: Observer) -> list[System]:
+    """A server that is not a tierserve coordinator cannot take presets: it is measured once, as it is
+    configured, under the target's name (so the same command runs against vLLM, SGLang, ...)."""
+    system = System(target.label, target, None)
+    observer.note(f"[yellow]warning:[/] {target.label} is not a tierserve coordinator (GET /v1/admin/policy gave "
+                  f"no policy), so presets {[s.preset.name for s in systems if s.preset]} cannot be applied; it is "
+                  f"measured once, as it is configured, as {system.label!r} (pass --admin-token if it is a "
+                  f"coordinator with a token)")
+    first_cost = next((plan.costs[s.label] for s in systems if s.label in plan.costs), None)
+    if first_cost is not None:
+        plan.costs.setdefault(system.label, first_cost)
+    i = plan.systems.index(systems[0])
+    plan.systems[:] = [s for s in plan.systems if s not in systems]
+    plan.systems.insert(i, system)
+    return [system]
+
+
+def _run_target(target: Target, systems: list[System], plan: Plan, observer: Observer, cells: list[Cell]) -> None:
     """Open `target` once; for each rate, each system in turn: apply its preset's policy (when it differs
-    from the one in force), warm up (first rate only), replay; then put back the policy found (URL targets)."""
-    cells: list[Cell] = []
+    from the one in force), warm up (first rate only), replay; then put back the policy found (URL targets).
+    Appends to `cells` as it goes, so a failure keeps what was measured."""
     presets = [s.preset for s in systems if s.preset is not None]
     with open_target(target, presets, plan.local, observer.note) as url:
         info = preflight(url, plan.client.headers, plan.admin_headers)
         if presets and any(p.policy for p in presets) and info.policy is None:
-            raise TargetError(f"{target.label} is not a tierserve coordinator (GET /v1/admin/policy gave no policy), "
-                              f"so presets cannot be applied; drop --preset for this target, or pass --admin-token")
+            systems, presets = _as_itself(target, systems, plan, observer), []
         model = plan.model or (info.models[0] if info.models else None)
         if model is None:
             raise TargetError(f"{target.label} serves no models (GET /v1/models is empty); pass --model")
@@ -187,7 +214,6 @@ def _run_target(target: Target, systems: list[System], plan: Plan, observer: Obs
                         apply_policy(admin, info.policy, "restoring the policy")
                     except PresetError as e:
                         observer.note(f"[yellow]warning:[/] {e}")
-    return cells
 
 
 def _cell(url: str, system: System, rate: float, plan: Plan, opts: ClientOptions, observer: Observer,

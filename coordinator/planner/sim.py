@@ -124,6 +124,7 @@ class Cluster:
             llm = LLMNode(self, usage, node.host, _ENGINE_ROLE[node.role])
             (self.decoders if node.role == "D" else self.remote_prefill).append(llm)
         self.has_remote_prefill = bool(self.remote_prefill)
+        self.saturation_load = deployment.offload.saturation_load
 
     def least_loaded(self, nodes: list) -> object:
         """Lowest load; ties rotate so equal nodes share the traffic (coordinator least_loaded)."""
@@ -144,6 +145,9 @@ class Cluster:
             g[1] += r.embedding_tokens
         return sum(self.service.encode_s(tier, m, items, max(1, round(tokens / items)))
                    for m, (items, tokens) in groups.items())
+
+    def remote_loads(self) -> list[int]:
+        return [n.load for n in self.remote_prefill]
 
     def min_remote_load(self) -> int | None:
         return min((n.load for n in self.remote_prefill), default=None)

@@ -146,7 +146,7 @@ class EncodeNode:
         ws = self.stealing
         if ws is not None:
             ws.observe_remote_load(self.cluster.min_remote_load(), now)
-        has_local, has_remote = self.local is not None, self.cluster.has_remote_prefill
+        has_local = self.local is not None
         for f in batch:
             f.record.encode_end = now
             if ws is not None and ws.should_keep(now):
@@ -154,7 +154,8 @@ class EncodeNode:
                 f.record.stolen = True
                 f.record.prefill_node = f.record.decode_node = self.name
                 self.stolen.model.add(f)
-            elif self.router.route(has_local, has_remote) == "local":
+            elif self.router.route_by_load([self.local.model.load] if has_local else [], self.cluster.remote_loads(),
+                                           self.cluster.saturation_load) == "local":
                 f.record.local = True
                 f.record.prefill_node = self.name
                 self.local.model.add(f)  # same GPU: the embeddings never leave it

@@ -66,6 +66,10 @@ class OffloadConfig(BaseModel):
     s: float = Field(0.0, ge=0.0, le=1.0)
     """Share of prefills sent to the prefill worker co-located on the encode GPU; the rest go remote.
     With no co-located worker every prefill goes remote whatever s is."""
+    saturation_load: int | None = Field(None, ge=1)
+    """A side whose every worker holds at least this many requests (queued + running) is saturated: its
+    prefills fall back to the other side while that one has room. None: only a side with no live worker
+    falls back. Set it near the engines' max_num_seqs."""
 
 
 class PolicyConfig(BaseModel):

@@ -27,6 +27,7 @@ No clock is needed: the decision depends only on how many prefills were routed.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -109,6 +110,20 @@ class OffloadRouter:
             return None
         self._record(side == "local")
         return side
+
+    def route_by_load(self, local_loads: Sequence[int], remote_loads: Sequence[int],
+                      saturation_load: int | None) -> Side | None:
+        """`route` for sides given as their workers' loads (empty: no live worker there). A side is
+        saturated when every worker on it holds >= `saturation_load` requests; it falls back to the other
+        side only while that one is not saturated too (when both are, s holds: queueing is the engines'
+        business, and sending everything one way would only move the queue)."""
+        def room(loads: Sequence[int]) -> bool:
+            return saturation_load is None or any(n < saturation_load for n in loads)
+
+        local, remote = bool(local_loads), bool(remote_loads)
+        if local and remote and room(local_loads) != room(remote_loads):
+            local, remote = room(local_loads), room(remote_loads)
+        return self.route(local, remote)
 
     def _next_is_local(self) -> bool:
         p, q = self._share.numerator, self._share.denominator

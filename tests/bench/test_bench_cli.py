@@ -22,8 +22,9 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """GET /v1/models as an OpenAI server would; chat completions as a plain web page (mode "html") or
-    as JSON despite stream:true (mode "json"); every other path an HTML page."""
+    """GET /v1/models as an OpenAI server would; chat completions as a plain web page (mode "html"), as
+    JSON despite stream:true (mode "json"), or as a proper OpenAI stream (mode "sse": a foreign server
+    with no tierserve admin API); every other path an HTML page."""
 
     mode = "html"
 
@@ -41,8 +42,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html", b"<html>hello</html>")
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self._send(200, "application/json", b'{"answer": 42}')
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        if self.mode != "sse":
+            self._send(200, "application/json", b'{"answer": 42}')
+            return
+        n = int(body.get("max_tokens") or 4)   # an OpenAI streaming answer of exactly max_tokens words
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+        chunks += [{"choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]} for i in range(n)]
+        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}}]
+        payload = "".join(f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'model': 'm', **c})}\n\n"
+                          for c in chunks) + "data: [DONE]\n\n"
+        self._send(200, "text/event-stream", payload.encode())
 
     def log_message(self, *args):
         pass
@@ -72,6 +83,49 @@ def test_non_openai_server_is_named_as_such(fake_server, tmp_path, capsys):
         assert "not an OpenAI-compatible server" in out and "/v1/models" in out
     else:
         assert "every warm-up request failed (bad_response" in out and "text/event-stream" in out
+
+
+def _serve(mode: str):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Handler,), {"mode": mode}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+README_ARGS = ["--preset", "passthrough-epd,tierserve", "--sweep-rate", "2,4,8", "--num-requests", "4",
+               "--output-tokens", "4", "--goodput", "ttft:1000", "tpot:100", "--gpus", "1xRTX4090,1xA100", "--seed", "0",
+               "--quiet", "--no-plots"]
+"""benchmarks/results/bench/README.md's command with --target local swapped for a URL (and fewer requests)."""
+
+
+def test_the_readme_command_runs_unchanged_against_a_foreign_server(tmp_path, capsys):
+    server, url = _serve("sse")
+    try:
+        assert main(["--target", url, *README_ARGS, "--out", str(tmp_path)]) == 0
+    finally:
+        server.shutdown()
+    out = capsys.readouterr()
+    assert "is not a tierserve coordinator" in out.out + out.err and "measured once" in out.out + out.err
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [c["rate"] for c in doc["cells"]] == [2, 4, 8] and doc["failed_targets"] == []
+    assert {c["system"] for c in doc["cells"]} == {doc["systems"][0]["label"]} and len(doc["systems"]) == 1
+    assert all(c["summary"]["completed"] == 4 and c["summary"]["policy"] is None for c in doc["cells"])
+    assert doc["systems"][0]["cost"]["per_hour"] > 0 and "RTX4090" in doc["systems"][0]["cost"]["source"]
+
+
+def test_a_target_failing_part_way_keeps_the_other_targets_cells(tmp_path, capsys):
+    good, good_url = _serve("sse")
+    bad, bad_url = _serve("json")
+    try:
+        code = main(["--target", f"good={good_url}", "--target", f"bad={bad_url}", "--sweep-rate", "4",
+                     "--num-requests", "3", "--output-tokens", "3", "--quiet", "--no-plots", "--out", str(tmp_path)])
+    finally:
+        good.shutdown()
+        bad.shutdown()
+    assert code == 1
+    assert "1 target(s) failed part-way" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [c["system"] for c in doc["cells"]] == ["good"] and doc["cells"][0]["summary"]["completed"] == 3
+    assert len(doc["failed_targets"]) == 1 and "every warm-up request failed" in doc["failed_targets"][0]
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -157,3 +157,13 @@ def test_realised_share_reports_only_the_current_share():
     for _ in range(40):
         r.route(True, True)
     assert r.realised_share == 0.5
+
+
+def test_route_by_load_falls_back_only_while_the_other_side_has_room():
+    r = OffloadRouter(0.5)
+    assert [r.route_by_load([4], [1, 9], saturation_load=4) for _ in range(3)] == ["remote"] * 3
+    assert r.counts.fallback_remote == 3 and r.counts.local == 0   # the schedule did not advance
+    assert [r.route_by_load([3], [4, 5], saturation_load=4) for _ in range(2)] == ["local"] * 2
+    assert [r.route_by_load([4], [4], saturation_load=4) for _ in range(4)].count("local") == 2
+    assert r.route_by_load([], [4], saturation_load=4) == "remote"        # no local worker at all
+    assert r.route_by_load([], [], saturation_load=4) is None

@@ -72,3 +72,18 @@ def test_a_pinned_worker_wins():
 def test_text_only_requests_prefer_remote_workers(alive, stealing, expected):
     policy = PolicyConfig(stealing=WorkStealingConfig(enabled=stealing))
     assert {w.info.worker_id for w in text_targets(alive, policy)} == expected
+
+
+def _sides(local_load: int, remote_load: int, saturation: int | None, n: int = 10) -> list[str | None]:
+    r = RequestRouter("enc-0")
+    r.configure(PolicyConfig(offload=OffloadConfig(s=0.5, saturation_load=saturation)))
+    t = Targets.sort([worker("remote", "combined", load=remote_load), worker("local", "prefill", "enc-0", load=local_load)],
+                     "enc-0")
+    return [(w.info.worker_id if (w := r.choose(job(i), t, 0.0)) else None) for i in range(n)]
+
+
+def test_a_saturated_side_falls_back_to_the_other():
+    assert _sides(local_load=8, remote_load=0, saturation=8) == ["remote"] * 10
+    assert _sides(local_load=0, remote_load=9, saturation=8) == ["local"] * 10
+    assert _sides(local_load=8, remote_load=8, saturation=8).count("local") == 5   # both full: s holds
+    assert _sides(local_load=8, remote_load=0, saturation=None).count("local") == 5  # no cap: load is ignored

@@ -34,7 +34,7 @@ def _set_share(cluster, s: float) -> None:
     time.sleep(1.2)  # encode workers re-read the policy at most once a second
 
 
-@pytest.mark.parametrize("s", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("s", [0.0, 0.3, 0.7, 1.0])
 def test_realised_local_share_follows_s(cluster, s):
     try:
         _set_share(cluster, s)

@@ -140,7 +140,7 @@ def test_encode_batches_run_one_at_a_time_in_release_order():
 
 # --- offload ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("s", [0.0, 0.3, 0.75, 1.0])
+@pytest.mark.parametrize("s", [0.0, 0.3, 0.7, 0.75, 1.0])
 def test_offload_share_is_realised(s):
     table = Table(encode=0.005, prefill=0.01, decode=0.002)
     result = simulate("E+P@l4, P@a100, D@a100", table, workload(20.0).generate(500, seed=6), offload={"s": s})
@@ -149,6 +149,17 @@ def test_offload_share_is_realised(s):
     assert all(r.prefill_node == ("0-E+P-l4" if r.local else "1-P-a100") for r in result.records)
     assert all(r.decode_node == "2-D-a100" for r in result.records)
     assert result.encoders[0].offload.local == sum(local)
+
+
+def test_a_saturated_local_prefill_falls_back_remote():
+    table = Table(encode=0.005, prefill=0.05, decode=0.002)
+    reqs = workload(30.0).generate(300, seed=2)
+    plain = simulate("E+P@l4, P@a100, D@a100", table, reqs, offload={"s": 1.0})
+    capped = simulate("E+P@l4, P@a100, D@a100", table, reqs, offload={"s": 1.0, "saturation_load": 2})
+    assert plain.encoders[0].offload.fallback_remote == 0 and all(r.local for r in plain.records)
+    moved = capped.encoders[0].offload.fallback_remote
+    assert moved > 0 and sum(not r.local for r in capped.records) == moved
+    assert capped.summary(SLO(ttft_s=1.0, tpot_s=1.0)).ttft_p50_s < plain.summary(SLO(ttft_s=1.0, tpot_s=1.0)).ttft_p50_s
 
 
 def test_without_remote_prefill_everything_falls_back_local():
