@@ -133,6 +133,30 @@ def plot(results: dict, trials: int, path: Path) -> None:
     plt.close(fig)
 
 
+def _median(trials: float | None) -> str:
+    return "never" if trials is None else f"{trials:g}"
+
+
+def markdown(doc: dict) -> str:
+    """The printed table as markdown, with each modality's setup: what a reader of results/ needs."""
+    lines = [f"# Search efficiency: HAS vs Random vs Coordinate\n\nMade by `{doc['command']}`: {doc['trials']}-trial "
+             f"budget, {doc['seeds']} seeds, on the simulator; objective: {doc['objective']}; 100% = {doc['reference']}. "
+             f"Plot: {Path(doc['plot']).name}; every trial in planner_search.json.\n",
+             "| modality (setup) | method | best, good req/$: mean [min-max] | % of best | trials used | "
+             "trials to 90% (median; seeds reaching) | trials to 99% (median; seeds reaching) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for modality, res in doc["results"].items():
+        st = res["setup"]
+        where = f"{modality} ({st['model']}, {st['gpus']}, {st['rate']:g} req/s)"
+        for method in METHODS:
+            s = res["summary"][method]
+            lines.append(f"| {where} | {LABELS[method]} | {s['best_mean']:.1f} [{s['best_min']:.1f}-{s['best_max']:.1f}] | "
+                         f"{100 * s['best_mean_share_of_reference']:.1f} | {s['trials_used_mean']:.1f} | "
+                         f"{_median(s['p90_median_trials'])}; {s['p90_reached']} | "
+                         f"{_median(s['p99_median_trials'])}; {s['p99_reached']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=5)
@@ -166,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
            "reference": "per modality, the best objective found by any method in any seed",
            "plot": str(png), "results": results}
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    console.print(f"wrote {out} and {png}")
+    md = out.with_suffix(".md")
+    md.write_text(markdown(doc))
+    console.print(f"wrote {out}, {md} and {png}")
     return 0
 
 

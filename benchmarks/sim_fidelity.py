@@ -6,20 +6,23 @@ profile`'s code), replays an open-loop Poisson workload through it twice (coordi
 the two live runs' difference is the noise floor of the shared host), and simulates the same deployment
 (`E@cpu, P+D@cpu`) on the same requests (same count and seed: the same arrival times and prompt/output
 lengths). Reports the simulator's relative error on goodput, P50 TTFT and mean TPOT against the mean of
-the two live runs, for three readings of the profile:
-  compute    the workers' compute points alone (the "before");
-  overheads  + the serving stack's measured overheads (per batch/step, hops, request latency): the
-             "after", what PerfModel reads from a profile by default;
-  contention + the stack's CPU taking its share of the 2 shared cores at the offered load (PerfModel's
-             opt-in host_contention), reported to show whether the data support it.
-The profile is taken right before each rate's replays because the host is shared with other jobs:
-one taken minutes earlier may describe another background load. Each reading is also simulated with
-the three profiles pooled (profile.pool_profiles: the median of every point): on the 2026-11-29 run the
-per-rate profiles put the same decode steps 15-20 % apart while the live runs, read through the
-simulator, kept one speed, so one profile's noise set most of the TPOT error ("sim_pooled"). The
-simulated engine pads its batches as llm_node's does (EngineLimits.pad_to_longest). Writes JSON with
-the command and the load average around every replay (absolute times hold only for this host and
-its load then).
+the two live runs, for four readings of the profile:
+  compute      the workers' compute points alone (the "before");
+  overheads    + the serving stack's measured overheads (per batch/step, hops, request latency): what
+               PerfModel reads from a profile by default (for GPU clusters, whose stack has its own cores);
+  contention   + the stack's CPU spread over the 2 shared cores, stretching every time (PerfModel
+               host_contention="uniform");
+  encode_core  + the stack's CPU on the encode worker's core, stretching encode and the stack's own
+               latency, not the LLM's steps (host_contention="encode_core"): the model of this cluster,
+               where the LLM worker keeps its core busy and the scheduler puts the stack beside the
+               encoder. The per-stage TTFT means (ttft_stages.py, live from the coordinator's per-hop
+               marks) are what told the readings apart: encode and the stack's hops grow with load.
+Each rate is profiled right before and right after its replays, and the two pooled (the median of
+every point), because the host's speed drifts within minutes (on the 2026-11-29 runs two profiles 4
+minutes apart put decode at 3395 and 2690 tokens/s). Each reading is also simulated with all rates'
+profiles pooled ("sim_pooled"). The simulated engine pads its batches as llm_node's does
+(EngineLimits.pad_to_longest). Writes JSON with the command and the load average around every replay
+(absolute times hold only for this host and its load then).
 
     python -m benchmarks.sim_fidelity --rates 2 5 8 --requests 150
 
@@ -78,15 +81,15 @@ def workload(rate: float, tokens_per_image: int) -> Workload:
         output_tokens=Uniform(low=16, high=48))])
 
 
-VARIANTS = ("compute", "overheads", "contention")
+VARIANTS = ("compute", "overheads", "contention", "encode_core")
 
 
 def simulate(profile: Profile, requests, variant: str, padded: bool = True) -> SimResult:
     """The simulator on one reading of the profile (VARIANTS); `padded`: the engine pads its batches to
     the longest sequence, as llm_node's reference engine does (False: the simulator before that)."""
     arch = get_arch(profile.model)
-    perf = PerfModel(load_catalog(), arch, [profile], overheads=variant != "compute",
-                     host_contention=variant == "contention")
+    contention = {"contention": "uniform", "encode_core": "encode_core"}.get(variant, "none")
+    perf = PerfModel(load_catalog(), arch, [profile], overheads=variant != "compute", host_contention=contention)
     dep = Deployment.parse(DEPLOYMENT, batch=BatchPolicyConfig(name="pass_through"),
                            engine=EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096, pad_to_longest=padded))
     sim = Simulator(dep, perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
@@ -152,20 +155,29 @@ def one_rate(cluster: LocalCluster, rate: float, a: argparse.Namespace, slos: tu
              progress: Progress) -> dict:
     settings = ProfileSettings(repeats=a.repeats)
     pids = [cluster.procs["coordinator"].pid] + ([cluster.redis.proc.pid] if cluster.redis else [])
-    task = progress.add_task(f"profile before {rate:g} req/s", total=planned_measurements(settings, True))
-    outcome = asyncio.run(profile_cluster(cluster.url, settings, source=command, stack_pids=pids,
-                                          tick=lambda n: progress.advance(task, n)))
-    profile = outcome.profile
-    requests = workload(rate, profile.encode["image"].tokens_per_item).generate(a.requests, seed=a.seed)
+
+    def take(when: str):
+        task = progress.add_task(f"profile {when} {rate:g} req/s", total=planned_measurements(settings, True))
+        return asyncio.run(profile_cluster(cluster.url, settings, source=command, stack_pids=pids,
+                                           tick=lambda n: progress.advance(task, n)))
+
+    before = take("before")
+    requests = workload(rate, before.profile.encode["image"].tokens_per_item).generate(a.requests, seed=a.seed)
     replayer = HttpReplayer(cluster.url)
     runs = [replay(replayer, requests, slos, progress, f"{rate:g} req/s, live run {i + 1}") for i in range(2)]
+    after = take("after") if a.bracket else None
+    # The host's speed drifts within minutes: a profile before and one after the live runs, pooled,
+    # describe the machine the runs saw better than either alone.
+    bracket = [before.profile] + ([after.profile] if after else [])
+    profile = pool_profiles(bracket, source=before.profile.source) if after else before.profile
     live = {k: (runs[0]["figures"][k] + runs[1]["figures"][k]) / 2 for k in METRICS}
     stages = [r["ttft_stages"] for r in runs if r["ttft_stages"]]
     live_stages_mean = {k: round(sum(st[k] for st in stages) / len(stages), 5) for k in STAGES} if stages else {}
     return {"rate": rate, "live_runs": runs, "live_mean": live, "live_ttft_stages": live_stages_mean,
             "noise_floor": {k: round(abs(runs[0]["figures"][k] - runs[1]["figures"][k]) / live[k], 4) if live[k] else None
                             for k in METRICS},
-            "profile_notes": outcome.notes, "profile": profile.model_dump(mode="json")}
+            "profile_notes": before.notes + (after.notes if after else []), "profile": profile.model_dump(mode="json"),
+            "profiles_bracket": [p.model_dump(mode="json") for p in bracket]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tight-slo-tpot", type=float, default=0.0075, help="tight TPOT SLO (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="profiling repeats per point (default: %(default)s)")
     p.add_argument("--no-pin-cores", action="store_true", help="let the workers float over all cores")
+    p.add_argument("--no-bracket", dest="bracket", action="store_false",
+                   help="profile only before each rate's live runs (default: before and after, pooled)")
     p.add_argument("--no-padding", action="store_true",
                    help="simulate an engine that does not pad its batches (the simulator before pad_to_longest)")
     p.add_argument("--resimulate", type=Path, metavar="RESULT_JSON",
@@ -211,11 +225,15 @@ def main(argv: list[str] | None = None) -> int:
               "variants": {"compute": "the profile's compute points alone (before)",
                            "overheads": "+ measured serving-stack overheads (per batch/step, hops, request latency) "
                                         "(after: PerfModel's default)",
-                           "contention": "+ the stack's CPU sharing the host's cores at the offered load "
-                                         "(PerfModel(host_contention=True), opt-in)"},
+                           "contention": "+ the stack's CPU spread over the host's cores at the offered load, "
+                                         "stretching every time (PerfModel(host_contention='uniform'))",
+                           "encode_core": "+ the stack's CPU on the encode worker's core, stretching encode and "
+                                          "the stack's latency (PerfModel(host_contention='encode_core')): the "
+                                          "model of this one-host cluster"},
               "error": "(sim - mean of the two live runs) / that mean; noise_floor = |run1 - run2| / mean",
-              "profiles": "sim/error: each rate's own profile; sim_pooled/error_pooled: the median of all rates' "
-                          "profiles (profile.pool_profiles)",
+              "profiles": "sim/error: each rate's own profile (before and after its live runs, pooled unless "
+                          "--no-bracket; profiles_bracket keeps both); sim_pooled/error_pooled: the median of all "
+                          "rates' profiles (profile.pool_profiles)",
               "engine_padding": not a.no_padding,
               "target": "|error| <= 0.10", "rates": cells}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,12 +289,12 @@ def stage_table(console: Console, cells: list[dict]) -> None:
     """Mean TTFT per stage (ttft_stages.py), live against the default reading with pooled profiles."""
     if not any(c.get("live_ttft_stages") for c in cells):
         return
-    table = Table(title="mean TTFT by stage, ms: live / simulated (overheads reading, pooled profiles if any)")
+    table = Table(title="mean TTFT by stage, ms: live / simulated (encode_core reading, the rate's own profile)")
     for col in ("rate", *STAGES):
         table.add_column(col, justify="right")
     for c in cells:
         live = c.get("live_ttft_stages") or {}
-        sim = (c.get("sim_pooled") or c["sim"])["overheads"].get("ttft_stages") or {}
+        sim = c["sim"].get("encode_core", {}).get("ttft_stages") or {}
         table.add_row(f"{c['rate']:g}", *(f"{live.get(k, math.nan) * 1e3:.1f} / {sim.get(k, math.nan) * 1e3:.1f}"
                                           for k in STAGES))
     console.print(table)

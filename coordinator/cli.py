@@ -20,6 +20,7 @@ from coordinator.redis_server import RedisNotFound, free_port
 EPILOG = """examples:
   tierserve demo                          local cluster on the tiny model, 6 requests, answers + TTFT/TPOT
   tierserve up --encode 2 --llm prefill,decode
+  tierserve up --plan plan.yaml           the roles and knobs `tierserve plan` chose, as local processes
   tierserve up --redis-url redis://127.0.0.1:6379/0 --model /models/llava-1.5-7b-hf
 """
 
@@ -86,12 +87,49 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
     )
 
 
+def _planned(a: argparse.Namespace, spec: ClusterSpec, console: Console):
+    """The plan file's layout applied to `spec`; returns its PolicyConfig (None without --plan)."""
+    if not getattr(a, "plan", None):
+        return None
+    from coordinator.plan_launch import planned_cluster
+    from coordinator.planner.planfile import PlanFileError, load_plan
+
+    try:
+        plan = load_plan(a.plan)
+    except PlanFileError as e:
+        raise ClusterError(str(e)) from None
+    layout = planned_cluster(plan)
+    spec.encode_workers, spec.llm_roles, spec.colocated = layout.encode_workers, layout.llm_roles, layout.colocated
+    spec.local_prefill = spec.steal = False
+    spec.llm_args = [*spec.llm_args, *layout.llm_args]
+    for note in layout.notes:
+        console.print(f"[yellow]plan:[/] {note}")
+    return plan.policy
+
+
+def _put_policy(url: str, policy) -> None:
+    import httpx
+
+    r = httpx.put(f"{url}/v1/admin/policy", json=policy.model_dump(mode="json"), timeout=10)
+    if r.status_code != 200:
+        raise ClusterError(f"the plan's policy was refused by the coordinator ({r.status_code}): {r.text[:300]}")
+
+
 def cmd_up(a: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
-    cluster = LocalCluster(spec_from(a), Path(a.log_dir) if a.log_dir else None)
+    spec = spec_from(a)
+    policy = _planned(a, spec, console)
+    cluster = LocalCluster(spec, Path(a.log_dir) if a.log_dir else None)
     with console.status("starting redis, coordinator and workers..."):
         cluster.start()
+        if policy is not None:
+            try:
+                _put_policy(cluster.url, policy)
+            except BaseException:
+                cluster.stop()
+                raise
+            console.print(f"[yellow]plan:[/] policy in force: {policy.model_dump(mode='json')}")
     console.print(f"[bold green]tierserve is up[/] at {cluster.url}  (OpenAI base URL: {cluster.url}/v1)")
     console.print(f"redis: {cluster.redis_url}   logs: {cluster.log_dir}   Ctrl-C stops everything")
     stop = []
@@ -130,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a local cluster and keep it running until Ctrl-C")
     add_cluster_args(up, 8000)
+    up.add_argument("--plan", metavar="PLAN.yaml",
+                    help="run a `tierserve plan` file: its GPUs' roles become the workers (replacing --encode, --llm, "
+                         "--local-prefill, --steal) and its policy is put in force once the cluster is up")
     demo = sub.add_parser("demo", help="start a local cluster, send image+text requests, print answers, exit")
     add_cluster_args(demo, None)
     demo.add_argument("--requests", type=int, default=6, help="how many requests (default: %(default)s)")

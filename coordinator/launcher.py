@@ -51,6 +51,15 @@ class ClusterSpec:
     """Extra flags for `python -m coordinator.serve`."""
     transport: str = "local"
     """Tensor transport of every worker (local, tcp, ucx, nixl; transport/README.md)."""
+    colocated: list[frozenset[str]] | None = None
+    """Per encode worker, the LLM workers sharing its GPU ({"prefill"}, {"steal"}, both or none), when they
+    differ between encoders (a plan's E and E+P GPUs); None: `local_prefill` and `steal` for every one."""
+
+    def colocated_with(self, encoder: int) -> frozenset[str]:
+        """The co-located workers encode worker `encoder` gets."""
+        if self.colocated is not None:
+            return self.colocated[encoder]
+        return frozenset({"prefill"} if self.local_prefill else set()) | ({"steal"} if self.steal else set())
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -69,7 +78,10 @@ class ClusterSpec:
             raise ClusterError("no LLM worker can prefill; add a combined or prefill worker (--llm combined)")
         if "prefill" in self.llm_roles and "decode" not in self.llm_roles:
             raise ClusterError("a prefill worker hands its KV cache to a decode worker; add one (--llm prefill,decode)")
-        if self.local_prefill and "decode" not in self.llm_roles:
+        if self.colocated is not None and len(self.colocated) != self.encode_workers:
+            raise ClusterError(f"colocated lists {len(self.colocated)} encode workers, not {self.encode_workers}")
+        local = any("prefill" in self.colocated_with(i) for i in range(self.encode_workers))
+        if local and "decode" not in self.llm_roles:
             raise ClusterError("local prefill workers hand their KV cache to a decode worker; add one "
                                "(--llm combined,decode)")
         if self.encode_workers < 0:
@@ -120,21 +132,22 @@ class LocalCluster:
                   "--model-name", s.model_name, "--threads", str(s.threads), "--transport", s.transport]
         for i in range(s.encode_workers):
             self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common], device=i)
-        if s.local_prefill:
-            for i in range(s.encode_workers):
+        colocated = 0
+        for i in range(s.encode_workers):
+            if "prefill" in s.colocated_with(i):
                 self._spawn(f"llm-local-{i}", ["-m", "llm_node", "--worker-id", f"llm-local-{i}", "--role", "prefill",
                                                "--colocate-with", f"encode-{i}", *common, *s.llm_args], device=i)
-        if s.steal:
-            for i in range(s.encode_workers):
+            if "steal" in s.colocated_with(i):
                 self._spawn(f"llm-steal-{i}", ["-m", "llm_node", "--worker-id", f"llm-steal-{i}", "--role", "combined",
                                                "--colocate-with", f"encode-{i}", *common, *s.llm_args], device=i)
+            colocated += len(s.colocated_with(i))
         for i, role in enumerate(s.llm_roles):
             self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common,
                                                      *s.llm_args], device=s.encode_workers + i)
         self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
-        self.wait_ready(s.encode_workers * (1 + s.local_prefill + s.steal) + len(s.llm_roles), timeout_s)
+        self.wait_ready(s.encode_workers + colocated + len(s.llm_roles), timeout_s)
 
     def wait_ready(self, n_workers: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

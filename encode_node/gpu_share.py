@@ -16,12 +16,22 @@ from coordinator.protocol.colocation import ColocationChannel
 from native.stream_partition import StreamPartition
 
 
+GRACE_S = 0.002
+"""Lock hand-over slack: a wait up to this much longer than the step waited on still counts as within it."""
+
+
 @dataclass
 class ShareStats:
     batches: int = 0
     wait_total_s: float = 0.0
     """Time micro-batches spent waiting for a stolen step to end."""
     wait_max_s: float = 0.0
+    waited: int = 0
+    """Micro-batches that found a stolen step in their way."""
+    past_one_step: int = 0
+    """Micro-batches during whose wait more than one stolen step began: the bound broken."""
+    longer_than_step: int = 0
+    """Micro-batches that waited longer than the step they waited on (+ GRACE_S): the bound broken."""
     last_split: TPCSplit | None = None
 
 
@@ -34,11 +44,16 @@ class EncoderGpuShare:
 
     def claim(self, requests: int, image_tokens: int) -> float:
         """Blocking (run it in a thread): take the GPU for one micro-batch; returns seconds waited."""
-        waited = self.channel.encoder_enter()
+        gate = self.channel.encoder_enter()
+        waited = gate.seconds
         s = self.stats
         s.batches += 1
         s.wait_total_s += waited
         s.wait_max_s = max(s.wait_max_s, waited)
+        if gate.steps or waited > GRACE_S:
+            s.waited += 1
+            s.past_one_step += gate.steps > 1
+            s.longer_than_step += waited > gate.step_s + GRACE_S
         total = self.partition.total_tpcs
         if total is not None:  # None: no GPU here, nothing to split
             split = SMPartition(total, self.config).split(requests, image_tokens, self.channel.prefill_backlog())
@@ -53,6 +68,9 @@ class EncoderGpuShare:
     def metrics(self) -> dict[str, float]:
         s = self.stats
         out = {"encode_gate_wait_max_s": s.wait_max_s, "encode_gate_wait_total_s": s.wait_total_s,
+               "encode_gate_batches": float(s.batches), "encode_gate_waited": float(s.waited),
+               "encode_gate_past_one_step": float(s.past_one_step),
+               "encode_gate_longer_than_step": float(s.longer_than_step),
                "sm_partition_supported": float(self.partition.supported)}
         if s.last_split is not None:
             out |= {"encoder_tpcs": float(s.last_split.encoder_tpcs), "prefill_tpcs": float(s.last_split.prefill_tpcs)}

@@ -37,6 +37,9 @@ class LLMGpuShare:
         self.longest_step_s = 0.0
         self.longest_decode_step_s = 0.0
         """The longest step that ran no prefill: the issue's unit for the delay bound."""
+        self.decode_steps = 0
+        self.decode_step_seconds = 0.0
+        """Steps that ran no prefill, and their time: counters, so a benchmark can difference them."""
         self.deferred = 0
         """Times a step was held back because the encoder had work."""
         self.preempted = 0
@@ -68,6 +71,8 @@ class LLMGpuShare:
         self.longest_step_s = max(self.longest_step_s, seconds)
         if not any(getattr(o, "prefill_s", 0.0) for o in out):  # type: ignore[union-attr]
             self.longest_decode_step_s = max(self.longest_decode_step_s, seconds)
+            self.decode_steps += 1
+            self.decode_step_seconds += seconds
         return out
 
     def report(self, held_requests: int, backlog_tokens: int) -> None:
@@ -83,4 +88,5 @@ class LLMGpuShare:
                     "sm_partition_applied": float(self.partition.applied)}
         return {"stolen_steps": float(self.steps), "stolen_seconds": self.step_seconds,
                 "stolen_longest_step_s": self.longest_step_s, "stolen_longest_decode_step_s": self.longest_decode_step_s,
+                "stolen_decode_steps": float(self.decode_steps), "stolen_decode_seconds": self.decode_step_seconds,
                 "stolen_deferred_steps": float(self.deferred), "stolen_preempted_prefills": float(self.preempted)}

@@ -16,14 +16,16 @@ prefills and decodes pays the loop once, as live; a step with prefills alone is 
 fixed part (under a millisecond on the CPU tier: it only shows in an idle cluster's TTFT).
 
 When the workers share their host's cores with the serving stack (a CPU cluster on one machine), the
-stack's CPU work at the offered load takes a share of those cores: with `host_contention=True`,
-`under_load(rate, tokens)` gives a view whose every time is stretched by
-1 / (1 - stack CPU per second / shared cores), a first-order processor-sharing estimate; the
-simulator asks for it with the workload's own rate. It is off by default: it assumes the stack's
-work lands evenly on busy cores, while a scheduler puts it on idle ones when there are, and on the
-shared host it was measured on the benchmark could not tell it from noise
-(benchmarks/results/sim_fidelity.json, "contention"; read with the rates' profiles pooled, which takes
-most of one profile's noise out, it overshoots mean TPOT by 14-25 % at 5 and 8 req/s).
+stack's CPU work at the offered load takes a share of those cores: `under_load(rate, tokens)` gives a
+view whose contended times are stretched by 1 / (1 - stack CPU busy share), a first-order
+processor-sharing estimate; the simulator asks for it with the workload's own rate. Which times are
+contended is `host_contention` (Contention): "uniform" spreads the stack over every shared core and
+stretches everything, which overshoots mean TPOT under load (the LLM worker's core is busy, so the
+scheduler puts the stack elsewhere); "encode_core" puts it on the encode worker's core, stretching
+encode and the stack's own request latency only, which is what the per-stage timings of the live
+cluster show (benchmarks/results/sim_fidelity.json, ttft_stages: encode and the stack's hops grow
+with load, the LLM's share does not beyond batching). Off ("none") by default: on a GPU cluster the
+stack does not share the accelerators.
 """
 
 from __future__ import annotations
@@ -122,19 +124,34 @@ def _check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be >= 0, got {name}={value!r}")
 
 
+Contention = Literal["none", "uniform", "encode_core"]
+"""How the serving stack's CPU (coordinator, Redis, clients) slows a one-host CPU cluster under load:
+  none         not at all (a real GPU cluster: the stack has its own cores);
+  uniform      its share of all the shared cores stretches every time;
+  encode_core  it runs on the encode worker's core (the scheduler's pick while the LLM cores are busy),
+               stretching encode times and its own per-request latency; LLM steps keep their speed."""
+CONTENTION = ("none", "uniform", "encode_core")
+
+
 class PerfModel:
     """ServiceTimes for one model: measured profiles first, then the roofline estimate of each tier."""
 
     def __init__(self, catalog: Catalog, arch: ModelArch, profiles: Mapping[str, Profile] | Iterable[Profile] = (),
                  roofline: RooflineConfig | None = None, network: NetworkConfig | None = None,
-                 overheads: bool = True, host_contention: bool = False) -> None:
+                 overheads: bool = True, host_contention: bool | Contention = False) -> None:
         self.catalog = catalog
         self.use_overheads = overheads
         """Apply the profiles' measured overheads; False reads their compute points alone."""
-        self.host_contention = host_contention
-        """Let under_load stretch times by the serving stack's share of the shared cores."""
+        self.contention: Contention = "uniform" if host_contention is True else (host_contention or "none")
+        """How under_load lets the serving stack's CPU slow things down (Contention)."""
+        if self.contention not in CONTENTION:
+            raise ValueError(f"host_contention must be one of {CONTENTION}, got {host_contention!r}")
         self.slowdown = 1.0
-        """Every time is multiplied by this (> 1 under host CPU contention; see under_load)."""
+        """LLM and transfer times are multiplied by this (> 1 under host CPU contention; see under_load)."""
+        self.encode_slowdown = 1.0
+        """Encode times are multiplied by this."""
+        self.stack_slowdown = 1.0
+        """request_latency_s (the stack's own time per request) is multiplied by this."""
         self.arch = arch
         self.roofline = roofline or RooflineConfig()
         self.network = network or NetworkConfig()
@@ -191,21 +208,29 @@ class PerfModel:
         if not self.use_overheads:
             return 0.0
         found = (p.overheads.request_latency_s for p in self.profiles.values() if p.overheads)
-        return max(found, default=0.0) * self.slowdown
+        return max(found, default=0.0) * self.stack_slowdown
 
     def stack_load(self, rate: float, output_tokens: float) -> float:
-        """Share of the shared cores the serving stack keeps busy at `rate` req/s of `output_tokens`
-        tokens each: the largest over profiles that measured it (0 when none did, or overheads are off)."""
-        shares = [(o.stack_cpu_request_s + o.stack_cpu_token_s * output_tokens) * rate / o.shared_cores
+        """Share of the cores it contends for that the serving stack keeps busy at `rate` req/s of
+        `output_tokens` tokens each: of all shared cores ("uniform") or of one ("encode_core"); the
+        largest over profiles that measured it (0 when none did, overheads are off, or contention is "none")."""
+        if not self.use_overheads or self.contention == "none":
+            return 0.0
+        shares = [(o.stack_cpu_request_s + o.stack_cpu_token_s * output_tokens) * rate
+                  / (o.shared_cores if self.contention == "uniform" else 1)
                   for p in self.profiles.values() if (o := p.overheads) is not None and o.shared_cores]
-        return max(shares, default=0.0) if self.use_overheads and self.host_contention else 0.0
+        return max(shares, default=0.0)
 
     def under_load(self, rate: float, output_tokens: float) -> PerfModel:
-        """A view of this model at an offered load: times stretched by the stack's share of the cores
-        (capped at 90 %: beyond that the first-order estimate means nothing); unchanged times unless
-        host_contention is on."""
+        """A view of this model at an offered load: the contended times stretched by 1 / (1 - stack_load)
+        (capped at 90 % busy: beyond that the first-order estimate means nothing); "uniform" stretches
+        every time, "encode_core" the encoder's and the stack's own; "none" changes nothing."""
         view = copy.copy(self)
-        view.slowdown = self.slowdown / (1.0 - min(0.9, self.stack_load(rate, output_tokens)))
+        stretch = 1.0 / (1.0 - min(0.9, self.stack_load(rate, output_tokens)))
+        view.encode_slowdown = self.encode_slowdown * stretch
+        view.stack_slowdown = self.stack_slowdown * stretch
+        if self.contention == "uniform":
+            view.slowdown = self.slowdown * stretch
         return view
 
     def encode_s(self, tier: str, modality: Modality, batch: int, tokens_per_item: int) -> float:
@@ -217,7 +242,7 @@ class PerfModel:
         if measured is None:
             measured = self.roofline_s(tier, *encode_cost(self.arch, modality, batch, tokens_per_item))
         o = self._overheads(tier)
-        return (measured if o is None else measured + o.encode_batch_s + o.encode_request_s * batch) * self.slowdown
+        return (measured if o is None else measured + o.encode_batch_s + o.encode_request_s * batch) * self.encode_slowdown
 
     def prefill_s(self, tier: str, tokens: int) -> float:
         _check_counts(tokens=tokens)

@@ -102,8 +102,8 @@ class EncodeSample:
     """Median over the batch of embeddings sent -> prefill job admitted."""
     latency_s: float
     """Client time outside the workers' busy spans. At B = 1: the TTFT of a streaming twin that goes on
-    decoding (its first token is published while the next step computes, as in service) minus this
-    request's dequeued -> first token; otherwise the round trip minus that span."""
+    decoding (its first token is published while the next step computes, as in service) minus the twin's
+    own dequeued -> first token; otherwise the round trip minus that span."""
 
 
 @dataclass(frozen=True)
@@ -199,25 +199,33 @@ async def encode_phase(client: httpx.AsyncClient, model: str, s: ProfileSettings
     return out
 
 
-def _encode_sample(b: int, answers: list[Answer], streamed_ttft: float | None) -> EncodeSample:
+def _encode_sample(b: int, answers: list[Answer], streamed: tuple[float, float | None] | None) -> EncodeSample:
     first = answers[0]
     busy = median([a.span("encode_dequeued", "first_token") for a in answers])
+    if streamed is not None:  # the twin's TTFT less its own busy span (another request's would add its noise)
+        ttft, twin_busy = streamed
+        latency = ttft - (twin_busy if twin_busy is not None else busy)
+    else:
+        latency = median([a.client_s for a in answers]) - busy
     return EncodeSample(
         batch=b, seconds=first.compute["encode_s"],
         cycle_s=max(a.span("encode_dequeued", "embeddings_sent") for a in answers),
         hop_s=median([a.span("embeddings_sent", "admitted") for a in answers]),
-        latency_s=(streamed_ttft if streamed_ttft is not None else median([a.client_s for a in answers])) - busy)
+        latency_s=latency)
 
 
-async def _streamed_ttft(client: httpx.AsyncClient, model: str, s: ProfileSettings) -> float:
-    """Client TTFT of a streaming request shaped like the encode probes, generating decode_output_tokens."""
+async def _streamed_ttft(client: httpx.AsyncClient, model: str, s: ProfileSettings) -> tuple[float, float | None]:
+    """A streaming request shaped like the encode probes, generating decode_output_tokens: its client TTFT,
+    and its own encode_dequeued -> first_token span from the usage chunk's marks (None when absent)."""
     await asyncio.sleep(s.pause_s)
     n = s.decode_output_tokens
     record = ReplayRecord(SimRequest(0, 0.0, "image", 1, 1, s.encode_words, n))
     await stream_request(client, record, chat_body(model, s.encode_words, 1, n, stream=True), time.perf_counter(), 0.0)
     if record.error is not None:
         raise LiveClusterError(f"a streaming request failed while timing the request latency: {record.error}")
-    return record.ttft
+    m = record.marks
+    busy = m["first_token"] - m["encode_dequeued"] if {"first_token", "encode_dequeued"} <= m.keys() else None
+    return record.ttft, busy
 
 
 async def prefill_phase(client: httpx.AsyncClient, model: str, sizer: PromptSizer, s: ProfileSettings,

@@ -33,6 +33,7 @@ _BUSY = struct.Struct("<I")  # offset 0: encoder busy (written by the encode wor
 _SPLIT = struct.Struct("<IIII")  # offset 8: seq, encoder TPCs, prefill TPCs, mode (encode worker)
 _BACKLOG = struct.Struct("<Q")  # offset 24: prefill backlog tokens (co-located prefill worker)
 _HELD = struct.Struct("<I")  # offset 32: requests the stealing worker holds (stealing worker)
+_STEPS = struct.Struct("<Qd")  # offset 40: stolen steps begun, the last one's seconds (stealing worker)
 _MODES = ("none", "static", "dynamic")
 
 
@@ -54,6 +55,20 @@ def channel_path(key_prefix: str, encode_worker_id: str, runtime_dir: Path | Non
     return base / f"{safe}.gpu"
 
 
+@dataclass(frozen=True)
+class GateWait:
+    """What one micro-batch waited for before the encoder had its GPU back from stolen work."""
+
+    seconds: float
+    """From raising the busy flag to holding the lock."""
+    steps: int
+    """Stolen steps begun from the moment the flag went up until the lock was ours: 0 or 1 (the one a
+    step_begin that had already passed its check may start). More means the time sharing is broken."""
+    step_s: float
+    """Duration of the last stolen step that ended before the lock was ours (the one waited on, when
+    `steps` or `seconds` say there was one)."""
+
+
 class ColocationChannel:
     """One side's handle on the shared file; every worker on the encode GPU opens its own."""
 
@@ -65,6 +80,7 @@ class ColocationChannel:
             os.ftruncate(self._fd, _SIZE)
         self._map = mmap.mmap(self._fd, _SIZE)
         self._seq = 0
+        self._step_t0 = 0.0
 
     def close(self) -> None:
         self._map.close()
@@ -75,12 +91,15 @@ class ColocationChannel:
     def encoder_busy(self) -> bool:
         return bool(_BUSY.unpack_from(self._map, 0)[0])
 
-    def encoder_enter(self) -> float:
-        """Encoder side, blocking: claim the GPU for a micro-batch; returns seconds waited for a step."""
+    def encoder_enter(self) -> GateWait:
+        """Encoder side, blocking: claim the GPU for a micro-batch; returns what it waited for."""
         _BUSY.pack_into(self._map, 0, 1)
         t0 = time.perf_counter()
+        begun, _ = _STEPS.unpack_from(self._map, 40)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        now_begun, step_s = _STEPS.unpack_from(self._map, 40)
+        return GateWait(waited, now_begun - begun, step_s)
 
     def encoder_exit(self, more_batches_waiting: bool) -> None:
         """Encoder side: give the GPU back; stay "busy" while further micro-batches are already queued."""
@@ -96,9 +115,15 @@ class ColocationChannel:
         if self.encoder_busy:  # it arrived while we waited for the lock: let it go first
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             return False
+        begun, last = _STEPS.unpack_from(self._map, 40)
+        _STEPS.pack_into(self._map, 40, begun + 1, last)
+        self._step_t0 = time.perf_counter()
         return True
 
     def step_end(self) -> None:
+        """Stealing side: the step is over; its duration is written before the lock goes."""
+        begun, _ = _STEPS.unpack_from(self._map, 40)
+        _STEPS.pack_into(self._map, 40, begun, time.perf_counter() - self._step_t0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def set_stolen_held(self, requests: int) -> None:

@@ -77,6 +77,10 @@ class EncodedMedia(BaseModel):
     The rows of all items of a request travel as one tensor in prompt order; this says how many rows
     each item owns and, for M-RoPE models (Qwen2-VL), its patch grid, from which the 3-D positions
     are built. Small and typed, so it rides in the control message, never in a pickle.
+
+    Token-type ids (Qwen2-VL's image/video/text mask) do not travel: the prefill worker rebuilds them
+    from the prompt ids (the model's image and video pad tokens) and each item's `modality`, which is
+    the same information in fewer bytes; a mismatch between the two is refused (check_media).
     """
 
     model_config = ConfigDict(frozen=True)

@@ -59,8 +59,11 @@ def test_encoder_waits_at_most_one_step_of_stolen_work(tmp_path):
     finally:
         child.join(30)
     assert ran == 40 and deferred > 0  # it was held back while we encoded, and finished afterwards
-    assert max(waits) <= STEP_S + 0.03, waits  # never more than the one step already running
-    assert sum(w > 0.005 for w in waits) >= 2, waits  # and it did run concurrently: some batches did wait
+    assert max(w.seconds for w in waits) <= STEP_S + 0.03, waits  # never more than the one step already running
+    assert sum(w.seconds > 0.005 for w in waits) >= 2, waits  # and it did run concurrently: some batches did wait
+    assert all(w.steps <= 1 for w in waits), waits  # no second step began while a batch waited
+    for w in (w for w in waits if w.seconds > 0.005):  # the step waited on is the one the channel reports
+        assert STEP_S * 0.9 <= w.step_s <= STEP_S + 0.03 and w.seconds <= w.step_s + 0.003, w
 
 
 def test_busy_flag_stays_up_while_batches_queue(tmp_path):

@@ -50,6 +50,26 @@ def test_adaptive_batches_a_burst_and_never_exceeds_b(cluster, policy):
     asyncio.run(_burst(cluster.url, 4))  # lets the rate estimate see a few arrivals
     sizes = asyncio.run(_burst(cluster.url, 12))
     assert max(sizes) <= 4 and sizes.count(4) >= 4, sizes  # most requests rode in full batches
+    values = _metrics(cluster.url)
+    assert values[("tierserve_arrival_rate", "encode-0")] > 0                    # the lambda estimate
+    assert values[("tierserve_idle_threshold_seconds", "encode-0")] > 0          # g = kappa / lambda
+    assert ("tierserve_dispatch_queue", "encode-0") in values                    # open-batch length
+    assert values[("tierserve_encode_batch_size_count", "")] >= 16 / 4          # released batches
+    assert values[("tierserve_encode_batch_size_sum", "")] >= 16                 # requests in them
+    assert values[("tierserve_ttft_seconds_count", "")] >= 16
+    assert ("tierserve_tpot_seconds_count", "") in values
+
+
+def _metrics(base: str) -> dict[tuple[str, str], float]:
+    """/metrics samples as (name, worker label) -> value, summed over other labels ("" when unlabelled)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("worker", ""))
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def test_bad_policy_update_is_a_400_and_changes_nothing(cluster, policy):

@@ -57,6 +57,7 @@ def vl() -> Arch:
         qwen2_vl_ref(model, tok, ip, "text-only", "what is this", 5),
         qwen2_vl_ref(model, tok, ip, "image-and-video", "compare the picture with the video at the left", 7,
                      images=[(5, 90, 150)], videos=[(6, 4, 60, 90)]),
+        qwen2_vl_ref(model, tok, ip, "same-size-video", "what happens", 9, videos=[(8, 3, 120, 160)]),
         qwen2_vl_ref(model, tok, ip, "same-size-image", "describe the image", 8, images=[(7, 300, 200)]),
     ]
     encoder = make_encoder(QWEN2_VL_DIR)
@@ -140,8 +141,9 @@ def test_qwen2_vl_rope_deltas_are_nonzero_for_media(vl, drive):
     assert out.handoff_rope_delta < 0  # 28 image tokens span only max(h, w)/2 positions
 
 
-def _pair(arch: Arch) -> tuple[MMRef, MMRef]:
-    a, b = arch.refs[0], arch.refs[-1]
+def _pair(arch: Arch, first: str | None = None, second: str | None = None) -> tuple[MMRef, MMRef]:
+    by_name = {r.name: r for r in arch.refs}
+    a, b = (by_name[first], by_name[second]) if first else (arch.refs[0], arch.refs[-1])
     ea, eb = arch.embeds[a.name][0], arch.embeds[b.name][0]
     assert a.prompt_ids == b.prompt_ids and ea.shape == eb.shape and not torch.equal(ea, eb)
     return a, b
@@ -155,9 +157,17 @@ def test_control_swapped_embeddings_fail(arch, drive):
     assert _problems(arch, runs, [a]) and _problems(arch, runs, [b])
 
 
-def test_control_transposed_grid_fails(vl, drive):
+def test_control_swapped_video_embeddings_fail(vl, drive):
+    a, b = _pair(vl, "video", "same-size-video")
+    swapped = [_request(vl, a, mm_embeddings=vl.embeds[b.name][0]), _request(vl, b, mm_embeddings=vl.embeds[a.name][0])]
+    runs = drive(_engine(vl), {0: swapped})
+    assert _problems(vl, runs, [a]) and _problems(vl, runs, [b])
+
+
+@pytest.mark.parametrize("name", ["one-image", "video"])
+def test_control_transposed_grid_fails(vl, drive, name):
     """Same tokens, same embeddings, the grid's height and width swapped: only the M-RoPE positions move."""
-    ref = vl.refs[0]
+    ref = next(r for r in vl.refs if r.name == name)
     _, (item,) = vl.embeds[ref.name]
     t, h, w = item.grid_thw
     shifted = item.model_copy(update={"grid_thw": (t, w, h)})

@@ -8,8 +8,10 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import pytest
+
 from coordinator.policies.sm_partition import SMPartitionConfig, TPCSplit
-from coordinator.protocol.colocation import ColocationChannel, channel_path
+from coordinator.protocol.colocation import ColocationChannel, GateWait, channel_path
 from encode_node.gpu_share import EncoderGpuShare
 from llm_node.gpu_share import LLMGpuShare
 from native.smctrl import SMController
@@ -74,3 +76,29 @@ def test_a_stealing_worker_does_not_follow_splits_and_counts_its_steps(tmp_path)
     assert enc.channel.stolen_held() == 3 and enc.channel.prefill_backlog() == 0
     m = steal.metrics()
     assert (m["stolen_steps"], m["stolen_deferred_steps"]) == (1.0, 1.0)
+    assert (m["stolen_decode_steps"], enc.metrics()["encode_gate_waited"]) == (1.0, 0.0)  # it stepped before we came
+
+
+class _BrokenGate:
+    """A channel whose stealer broke the protocol: a batch waited 0.2 s, through two stolen steps of 0.05 s.
+    The real channel cannot be made to do this (that is its point), hence the stand-in."""
+
+    def __init__(self, gate: GateWait) -> None:
+        self.gate = gate
+
+    def encoder_enter(self) -> GateWait:
+        return self.gate
+
+
+@pytest.mark.parametrize(("gate", "past", "longer"), [
+    (GateWait(0.2, 2, 0.05), 1.0, 1.0),
+    (GateWait(0.2, 1, 0.05), 0.0, 1.0),
+    (GateWait(0.04, 1, 0.05), 0.0, 0.0),
+    (GateWait(0.0, 0, 0.0), 0.0, 0.0),
+])
+def test_gate_waits_beyond_one_step_are_counted(gate, past, longer):
+    enc = EncoderGpuShare(_BrokenGate(gate), StreamPartition("cpu", "encoder"))  # type: ignore[arg-type]
+    enc.claim(1, 10)
+    m = enc.metrics()
+    assert (m["encode_gate_past_one_step"], m["encode_gate_longer_than_step"]) == (past, longer)
+    assert m["encode_gate_waited"] == float(gate.steps > 0)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import yaml
+from plan_file_factory import small_plan
 
 from coordinator.planner.catalog import load_catalog
 from coordinator.planner.goodput import SLO
@@ -15,15 +16,11 @@ from coordinator.planner.planfile import (
     PlanFileError,
     load_plan,
 )
-from coordinator.planner.planning import PlanRequest, make_plan, prepare, search
 
 
 @pytest.fixture(scope="module")
 def plan() -> PlanFile:
-    req = PlanRequest(model="llava-1.5-7b", rate=4, slo=SLO(ttft_s=2.0, tpot_s=0.1), gpus="2xRTX4090,2xA100",
-                      requests_per_trial=30, prediction_requests=60)
-    ctx = prepare(req)
-    return make_plan(ctx, search(ctx, "has", trials=4, seed=0))
+    return small_plan()
 
 
 def test_round_trip_is_exact(plan, tmp_path):

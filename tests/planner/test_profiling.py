@@ -126,6 +126,21 @@ def test_under_load_stretches_times_by_the_stacks_share_of_the_cores():
     assert perf.under_load(1000, 30).slowdown == pytest.approx(10.0)  # capped at 90 % busy
 
 
+def test_encode_core_contention_stretches_the_encoder_and_the_stack_not_the_llm():
+    p = overhead_profile(stack_cpu_request_s=0.01, stack_cpu_token_s=0.001, shared_cores=2, request_latency_s=0.02)
+    perf = PerfModel(load_catalog(), TINY, [p], host_contention="encode_core")
+    assert perf.stack_load(10, 30) == pytest.approx(0.4)          # (0.01 + 0.03) * 10 of ONE core
+    loaded = perf.under_load(rate=10, output_tokens=30)
+    assert loaded.encode_s("cpu", "image", 2, 196) == pytest.approx(perf.encode_s("cpu", "image", 2, 196) / 0.6)
+    assert loaded.request_latency_s() == pytest.approx(0.02 / 0.6)
+    assert loaded.prefill_s("cpu", 100) == perf.prefill_s("cpu", 100)
+    assert loaded.decode_step_s("cpu", 4, 100) == perf.decode_step_s("cpu", 4, 100)
+    assert PerfModel(load_catalog(), TINY, [p]).under_load(10, 30).encode_s("cpu", "image", 2, 196) == \
+        perf.encode_s("cpu", "image", 2, 196)                      # "none", the default: nothing moves
+    with pytest.raises(ValueError, match="host_contention must be one of"):
+        PerfModel(load_catalog(), TINY, [p], host_contention="everywhere")  # type: ignore[arg-type]
+
+
 def test_simulator_adds_the_request_latency_and_runs_at_the_offered_load():
     dep = Deployment.parse("E@cpu, P+D@cpu")
     requests = [SimRequest(i, 0.5 * i, "image", 1, 196, 10, 4) for i in range(4)]
