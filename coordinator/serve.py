@@ -14,6 +14,10 @@ from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
 
+
+KEEP_ALIVE_S = 65
+"""Seconds an idle client connection stays open (above the 5-60 s of common clients and load balancers)."""
+
 def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default: %(default)s)")
@@ -81,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     setup_logging("coordinator")
     cfg = config_from_args(a, a.redis_url)
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_config=None, access_log=False)
+    # Keep idle connections longer than clients do (httpx and most SDKs: 5 s, uvicorn's default too): at equal
+    # timeouts a client may reuse a connection the server is closing, and its request dies with a ReadError.
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_config=None, access_log=False,
+                timeout_keep_alive=KEEP_ALIVE_S)
     return 0
 
 

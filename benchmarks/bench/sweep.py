@@ -90,7 +90,8 @@ async def run_cell(url: str, specs: list[RequestSpec], offsets: list[float], opt
     """Open loop: request i is sent at offsets[i] whatever earlier ones are doing (under
     --max-concurrency it waits for a free slot, and `sent_s` shows by how much)."""
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                          keepalive_expiry=2.0)  # under any server's idle timeout: no reuse of a closing connection
     async with httpx.AsyncClient(base_url=url, timeout=opts.timeout_s, limits=limits) as client:
         t0 = time.perf_counter()
 

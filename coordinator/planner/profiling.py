@@ -113,7 +113,7 @@ async def profile_cluster(url: str, settings: ProfileSettings | None = None, tie
     load_before = os.getloadavg()
     notes: list[str] = []
     async with httpx.AsyncClient(base_url=url, timeout=s.timeout_s, headers=headers,
-                                 limits=httpx.Limits(max_connections=None)) as c:
+                                 limits=httpx.Limits(max_connections=None, keepalive_expiry=2.0)) as c:
         model = await served_model(c)
         workers = (await get_json(c, "/v1/cluster")).get("workers", [])
         check_isolated(workers, url)

@@ -190,7 +190,7 @@ class HttpReplayer:
         return records, mean_batch
 
     async def _run(self, requests: list[SimRequest]) -> tuple[list[ReplayRecord], float]:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
         async with httpx.AsyncClient(base_url=self.url, timeout=self.settings.timeout_s, limits=limits,
                                      headers=self.headers) as client:
             model = self.settings.model or await served_model(client)
