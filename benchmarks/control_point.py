@@ -38,10 +38,14 @@ POLICIES = {
     "fixed_timeout": {"name": "fixed_timeout", "max_batch": 8, "timeout_s": 0.05},
     "adaptive": {"name": "adaptive", "max_batch": 8, "fill_probability": 0.6, "max_wait_s": 1.0},
     "adaptive_planned": {"name": "adaptive", "fill_probability": 0.6},
+    "adaptive_conserving": {"name": "adaptive", "max_batch": 8, "fill_probability": 0.6, "max_wait_s": 1.0,
+                            "work_conserving": True},
 }
 """adaptive = EAServe's defaults (B=8, A=1 s). adaptive_planned = the same rule with the knobs the planner
 seeds (HAS stage 2): B = ceil(rate / encode workers), and the age cap A = --planned-wait-share of the TTFT
-SLO, so a batch never spends more of the latency budget than that waiting to fill."""
+SLO, so a batch never spends more of the latency budget than that waiting to fill. adaptive_conserving =
+EAServe's defaults, work-conserving: an idle encoder gets what is queued at once, and the rule only forms
+the batches that wait behind a busy one (BatchPolicyConfig.work_conserving)."""
 
 
 def policy_for(name: str, rate: float, encode_workers: int, slo_ttft: float, wait_share: float) -> dict:

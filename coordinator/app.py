@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from coordinator.dispatch import EncodeDispatcher
 from coordinator.errors import RequestError
 from coordinator.metrics import Metrics
 from coordinator.policies.registry import make_batch_policy
+from coordinator.protocol.aborts import listen_channel
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.registry import WorkerRegistry
 from coordinator.state import AppState
@@ -55,10 +57,13 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
             metrics=metrics, started_at=time.time(), policy=config.policy,
         )
         await client.set(keys.policy, config.policy.model_dump_json())
+        idle = asyncio.create_task(listen_channel(client, keys.encoder_idle, dispatcher.encoder_idle, "encoder-idle"))
         log.info("coordinator ready", extra={"redis": config.redis_url, "prefix": config.key_prefix})
         try:
             yield
         finally:
+            idle.cancel()
+            await asyncio.gather(idle, return_exceptions=True)
             dispatcher.close()
             if redis is None:
                 await client.aclose()

@@ -1,7 +1,8 @@
 """Per-(encode worker, modality) micro-batch queues, released onto the workers' job streams by policies.
 
 The policy (coordinator/policies) decides when; this module only keeps the FIFOs, asks at every
-arrival and at the policy's deadline, and writes each released micro-batch as ONE stream entry, so
+arrival, at the policy's deadline and when the worker says its stream ran empty (`encoder_idle`, for
+work-conserving policies), and writes each released micro-batch as ONE stream entry, so
 the encode worker runs exactly the batch the policy formed. A micro-batch holds one modality (one
 encoder path, one forward), so each worker has one queue and one policy instance per modality: the
 policy sees that modality's arrival rate, which is what its batch timing is about.
@@ -50,6 +51,13 @@ class EncodeDispatcher:
         self.queues.setdefault(key, deque()).append(job)
         self.policies[key].observe(Arrival(job.request_id), self.clock())
         await self.poll(key)
+
+    def encoder_idle(self, worker_id: str) -> None:
+        """The worker's job stream ran empty (its pub/sub signal): let its policies release what waits."""
+        now = self.clock()
+        for key in [k for k in self.policies if k[0] == worker_id]:
+            self.policies[key].encoder_idle(now)
+            self._poll_later(key)
 
     async def reconfigure(self, config: BatchPolicyConfig) -> None:
         """Apply new knobs: what is queued goes out now (in batches of at most the old B), then the

@@ -98,6 +98,16 @@ class EncodeWorker:
             finally:
                 self.in_flight = 0
                 await self.jobs.ack(entry_id)
+                await self.announce_if_idle()
+
+    async def announce_if_idle(self) -> None:
+        """Tell the coordinator's work-conserving policies that this encoder has nothing left to do (a lost
+        message only leaves their timing rule in charge)."""
+        try:
+            if await self.redis.xlen(self.jobs.key) == 0:
+                await self.redis.publish(self.keys.encoder_idle, self.cfg.worker_id)
+        except Exception as e:
+            log.warning("could not announce an idle encoder", extra={"error": str(e)})
 
     async def fail_entries(self, entries: list, reason: str) -> None:
         await self.fail([j for _, job in entries for j in _jobs_of(job)], reason)

@@ -79,8 +79,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset(name="heteroserve", summary="pass-through encode + cross-type work stealing",
            policy={"batch": PASS, "offload": {"s": 0.0}, "stealing": STEAL, "partition": {"mode": "none"}},
            needs_stealer=True),
-    Preset(name="tierserve", summary="planner-sized adaptive batching + offload + SM split + stealing",
-           policy={"batch": ADAPTIVE, "offload": {"s": 0.3}, "stealing": STEAL, "partition": {"mode": "dynamic"}},
+    Preset(name="tierserve", summary="planner-sized work-conserving adaptive batching + offload + SM split + stealing",
+           policy={"batch": {**ADAPTIVE, "work_conserving": True}, "offload": {"s": 0.3}, "stealing": STEAL,
+                   "partition": {"mode": "dynamic"}},
            needs_local_prefill=True, needs_stealer=True, planned_batch=True),
 )}
 

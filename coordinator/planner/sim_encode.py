@@ -161,6 +161,9 @@ class EncodeNode:
                 self.local.model.add(f)  # same GPU: the embeddings never leave it
             else:
                 self.cluster.send_to_prefill(f, self, now)
+        if not self.pending:  # the worker's stream ran empty: work-conserving policies release what waits
+            self.policy.encoder_idle(now)
+            self._poll(now)
         self._kick(now)
         if self.local is not None:
             self._local_step(now)

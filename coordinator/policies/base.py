@@ -34,6 +34,10 @@ class BatchPolicy(Protocol):
         """When `decide` may next return something without a new event; None = only on events."""
         ...
 
+    def encoder_idle(self, now: float) -> None:
+        """The worker's encoder finished its last released batch and has nothing queued."""
+        ...
+
 
 class BatchPolicyConfig(BaseModel):
     """Knobs of an encode worker's dispatch policy; changeable at run time (the admin endpoint)."""
@@ -56,6 +60,12 @@ class BatchPolicyConfig(BaseModel):
     """adaptive: arrivals older than this no longer count towards the rate estimate."""
     min_samples: int = Field(3, ge=2)
     """adaptive: below this many arrivals in the window the rate is unknown, and batches go out at once."""
+    work_conserving: bool = False
+    """fixed_timeout, queue_length, adaptive: also release what is queued (up to B) whenever the encoder is
+    idle, so a batch only ever waits while the encoder is busy and its rule (size, g, A, timeout) forms
+    the batches that pile up meanwhile. False: the rule alone, as EAServe specifies it, which holds
+    requests back even from an idle encoder (on a CPU, whose encoder gains nothing from batching, that
+    wait is all TTFT)."""
 
 
 class OffloadConfig(BaseModel):

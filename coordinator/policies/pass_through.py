@@ -1,7 +1,7 @@
 """Pass-through dispatch (B=1 in EAServe's terms): every arrival is released alone, at once.
 
-Batching still happens downstream: the encode worker takes whatever queued on its stream while it was
-busy, so under load requests still share forward passes. This is the baseline the others are measured against.
+Every stream entry is one micro-batch, so the encoder runs every request on its own (Dynamo's encode
+worker, EAServe's B=1). This is the baseline the others are measured against.
 """
 
 from __future__ import annotations
@@ -30,3 +30,6 @@ class PassThrough:
 
     def next_deadline(self, now: float) -> float | None:
         return now if self._queued else None
+
+    def encoder_idle(self, now: float) -> None:
+        """Nothing is ever held back, so an idle encoder changes nothing."""

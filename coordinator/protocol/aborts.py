@@ -44,18 +44,25 @@ class RecentAborts:
 
 async def listen_aborts(redis: Redis, keys: Keys, on_abort: Callable[[str], None], backoff_s: float = 1.0) -> None:
     """Call `on_abort(request_id)` for every abort published; resubscribes after a Redis error."""
+    await listen_channel(redis, keys.aborts, on_abort, "abort", backoff_s)
+
+
+async def listen_channel(redis: Redis, channel: str, on_message: Callable[[str], None], what: str,
+                         backoff_s: float = 1.0) -> None:
+    """Call `on_message(text)` for every message on pub/sub `channel`, forever; resubscribes after a Redis
+    error (pub/sub loses what is published meanwhile: callers must tolerate a missed message)."""
     while True:
         pubsub = redis.pubsub()
         try:
-            await pubsub.subscribe(keys.aborts)
+            await pubsub.subscribe(channel)
             async for msg in pubsub.listen():
                 if msg.get("type") == "message":
                     data = msg["data"]
-                    on_abort(data.decode() if isinstance(data, bytes) else data)
+                    on_message(data.decode() if isinstance(data, bytes) else data)
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            log.warning("abort channel lost; resubscribing", extra={"error": str(e)})
+            log.warning(f"{what} channel lost; resubscribing", extra={"error": str(e)})
             await asyncio.sleep(backoff_s)
         finally:
             try:

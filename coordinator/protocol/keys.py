@@ -42,6 +42,11 @@ class Keys:
         return f"{self.prefix}:aborts"
 
     @property
+    def encoder_idle(self) -> str:
+        """Pub/sub channel: encode worker ids whose job stream just ran empty (work-conserving dispatch)."""
+        return f"{self.prefix}:encoder-idle"
+
+    @property
     def policy(self) -> str:
         """String: the policy knobs in force (JSON), as last set at start or through the admin endpoint."""
         return f"{self.prefix}:policy"

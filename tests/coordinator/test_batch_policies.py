@@ -307,6 +307,33 @@ def test_adaptive_with_max_batch_one_is_pass_through():
 # --- registry and invariants over random traces ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["adaptive", "fixed_timeout", "queue_length"])
+def test_work_conserving_releases_to_an_idle_encoder_and_holds_only_while_it_works(name):
+    p = make_batch_policy(_cfg(name, max_batch=4, min_samples=2, max_wait_s=1.0, timeout_s=1.0, queue_length=4,
+                               work_conserving=True))
+    assert _arrive(p, 0.0) == [Release(1)]            # idle encoder: out at once, whatever the rule says
+    assert _arrive(p, 0.01) == [] and _arrive(p, 0.02) == []  # busy: the rule holds them (B = 4 not reached)
+    assert p.next_deadline(0.02) > 0.02                # ... until its own deadline, not "now"
+    p.encoder_idle(0.03)                               # the encoder's stream ran empty
+    assert p.next_deadline(0.03) == 0.03 and p.decide(0.03) == [Release(2)]
+    got = [_arrive(p, 0.04 + k * 0.001) for k in range(4)]  # busy again: a burst fills B by the size trigger
+    assert got == [[], [], [], [Release(4)]]
+    p.encoder_idle(0.05)
+    assert p.decide(0.05) == [] and p.next_deadline(0.05) is None  # nothing waits; the next arrival goes out
+    assert _arrive(p, 0.06) == [Release(1)]
+
+
+def test_without_work_conserving_an_idle_encoder_changes_nothing():
+    p = AdaptiveMicroBatch(_cfg(max_batch=4, min_samples=2))
+    _arrive(p, 0.0)
+    assert _arrive(p, 0.01) == []
+    p.encoder_idle(0.02)
+    assert p.decide(0.02) == [] and p.next_deadline(0.02) > 0.02
+    pt = PassThrough()
+    pt.encoder_idle(0.0)
+    assert _arrive(pt, 0.0) == [Release(1)]
+
+
 def test_registry_maps_every_configured_name():
     assert set(BATCH_POLICIES) == {"pass_through", "fixed_timeout", "queue_length", "adaptive"}
     kinds = {"pass_through": PassThrough, "fixed_timeout": FixedTimeout,
@@ -337,7 +364,7 @@ def _random_cfg(rng: random.Random, name: str) -> BatchPolicyConfig:
     return _cfg(name, max_batch=rng.choice([1, 2, 3, 4, 8, 16, 32]), fill_probability=rng.uniform(0.3, 0.9),
                 max_wait_s=rng.choice([0.01, 0.1, 1.0]), timeout_s=rng.choice([0.005, 0.05, 2.0]),
                 queue_length=rng.randint(1, 40), rate_window_s=rng.choice([0.5, 5.0, 10.0]),
-                min_samples=rng.randint(2, 6))
+                min_samples=rng.randint(2, 6), work_conserving=rng.random() < 0.4)
 
 
 @pytest.mark.parametrize("name", sorted(BATCH_POLICIES))
@@ -348,7 +375,14 @@ def test_invariants_over_random_traces(name, seed):
     arrivals = _random_trace(rng)
     policy = make_batch_policy(cfg)
     lazy = rng.random() < 0.5
-    trace = _run(policy, arrivals, cfg.max_batch, rng=random.Random(seed) if lazy else None)
+    signals = random.Random(seed + 1000)
+
+    def idle_now_and_then(p: BatchPolicy, now: float) -> None:  # the encoder's stream ran empty, at random
+        if signals.random() < 0.3:
+            p.encoder_idle(now)
+
+    trace = _run(policy, arrivals, cfg.max_batch, rng=random.Random(seed) if lazy else None,
+                 on_arrival=idle_now_and_then)
     assert len(trace.waits) == len(arrivals)  # everything released exactly once
     assert sum(c for _, c in trace.releases) == len(arrivals)
     assert all(0.0 <= w <= cfg.max_wait_s + EPS for w in trace.waits), max(trace.waits, default=0.0)

@@ -60,6 +60,34 @@ def test_adaptive_batches_a_burst_and_never_exceeds_b(cluster, policy):
     assert ("tierserve_tpot_seconds_count", "") in values
 
 
+def _dispatch_wait(base: str, i: int) -> float:
+    """One request alone: seconds from its submission to its encode worker taking its batch."""
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+        "model": "tiny-llava", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(image_bytes(100 + i, 64, 64))}}, {"type": "text", "text": "hi"}]}]})
+    assert r.status_code == 200, r.text
+    at = {}
+    t = 0.0
+    for hop, seconds in r.json()["tierserve"]["stages_s"].items():
+        a, b = hop.split("->")
+        at.setdefault(a, t)
+        t += seconds
+        at[b] = t
+    return at["encode_dequeued"] - at["submitted"]
+
+
+@pytest.mark.parametrize("conserving", [False, True])
+def test_work_conserving_adaptive_sends_to_an_idle_encoder_at_once(cluster, policy, conserving):
+    policy(name="adaptive", max_batch=4, max_wait_s=1.0, work_conserving=conserving)
+    waits = [_dispatch_wait(cluster.url, i) for i in range(5)]  # one at a time: the encoder is idle at each arrival
+    if conserving:
+        assert max(waits) < 0.05, waits
+    else:  # the negative control: once lambda is known (3 arrivals), EAServe's rule holds each for g = kappa/lambda
+        assert min(waits[3:]) > 0.05, waits
+    sizes = asyncio.run(_burst(cluster.url, 12))
+    assert max(sizes) <= 4 and max(sizes) > 1, sizes                      # behind a busy encoder, batches form
+
+
 def _metrics(base: str) -> dict[tuple[str, str], float]:
     """/metrics samples as (name, worker label) -> value, summed over other labels ("" when unlabelled)."""
     from prometheus_client.parser import text_string_to_metric_families

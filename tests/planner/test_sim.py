@@ -128,6 +128,24 @@ def test_pass_through_batches_of_one_adaptive_batches_under_load():
     assert all(rel <= start for rel, start, _, _ in batches(adaptive, "0-E-l4"))
 
 
+def test_work_conserving_adaptive_waits_only_behind_a_busy_encoder():
+    """Light load: the encoder is idle at nearly every arrival, so nothing waits (pass-through's TTFT); heavy
+    load: batches still form behind the busy encoder, never above B."""
+    table = Table(encode=0.004, encode_per_item=0.002, prefill=0.001, decode=0.001)
+    slo = SLO(ttft_s=1.0, tpot_s=1.0)
+    light = workload(5.0, output_tokens=2).generate(400, seed=1)
+    plain = simulate("E@l4, P+D@a100", table, light, batch={"name": "adaptive", "max_batch": 8})
+    wc = simulate("E@l4, P+D@a100", table, light, batch={"name": "adaptive", "max_batch": 8, "work_conserving": True})
+    base = simulate("E@l4, P+D@a100", table, light)
+    assert plain.summary(slo).ttft_p50_s > 10 * base.summary(slo).ttft_p50_s    # EAServe's rule holds them back
+    assert wc.summary(slo).ttft_p50_s == pytest.approx(base.summary(slo).ttft_p50_s, rel=0.05)
+    assert all(r.released <= r.request.arrival + EPS or r.released == r.encode_start for r in wc.records)
+    heavy = workload(300.0, output_tokens=2).generate(3000, seed=4)
+    wc = simulate("E@l4, P+D@a100", table, heavy, batch={"name": "adaptive", "max_batch": 8, "work_conserving": True})
+    sizes = [b[3] for b in batches(wc, "0-E-l4")]
+    assert max(sizes) <= 8 and sum(sizes) / len(sizes) > 2.0
+
+
 def test_encode_batches_run_one_at_a_time_in_release_order():
     table = Table(encode=0.03, prefill=0.001, decode=0.001)
     result = simulate("E@l4, P+D@a100", table, workload(40.0).generate(500, seed=5),
