@@ -31,6 +31,7 @@ from rich.table import Table
 from benchmarks.stats import percentile
 from coordinator.demo import data_url, demo_image
 from coordinator.launcher import ClusterSpec, LocalCluster
+from coordinator.policies.base import BatchPolicyConfig
 from coordinator.redis_server import free_port
 
 POLICIES = {
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             gaps = [rng.expovariate(rate) for _ in range(a.requests)]  # the same trace for every policy
             for name in a.policies:
                 knobs = policy_for(name, rate, 1, a.slo_ttft, a.planned_wait_share)
-                httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": knobs}, timeout=10).raise_for_status()
+                full = BatchPolicyConfig(**knobs).model_dump(mode="json")  # PUT merges: unsaid knobs would linger
+                httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": full}, timeout=10).raise_for_status()
                 before = _batch_histogram(cluster.url)
                 rows, wall = asyncio.run(run_trace(cluster.url, gaps, a.max_tokens, progress, f"{rate:g} req/s {name}"))
                 after = _batch_histogram(cluster.url)

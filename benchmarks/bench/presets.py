@@ -41,6 +41,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from coordinator.policies.base import PolicyConfig
+
 ADAPTIVE = {"name": "adaptive", "max_batch": 8, "fill_probability": 0.6, "max_wait_s": 1.0}
 PASS = {"name": "pass_through"}
 NO_STEAL = {"enabled": False}
@@ -139,8 +141,14 @@ def read_policy(client: httpx.Client) -> dict[str, Any] | None:
 
 
 def apply_policy(client: httpx.Client, policy: dict[str, Any], what: str) -> None:
+    """PUT `policy`, each section it names in full: the endpoint merges, so a knob a section leaves out
+    (e.g. work_conserving after the tierserve preset) would otherwise linger from the previous system."""
     try:
-        r = client.put("/v1/admin/policy", json=policy)
+        full = PolicyConfig.model_validate(policy).model_dump(mode="json")
+    except ValueError as e:
+        raise PresetError(f"{what}: not a valid policy: {e}") from None
+    try:
+        r = client.put("/v1/admin/policy", json={section: full[section] for section in policy})
     except httpx.HTTPError as e:
         raise PresetError(f"{what}: PUT /v1/admin/policy failed: {e}") from None
     if r.status_code == 401:

@@ -8,6 +8,8 @@ import httpx
 import pytest
 from media_factory import data_url, image_bytes
 
+from coordinator.policies.base import BatchPolicyConfig
+
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
@@ -26,8 +28,9 @@ async def _burst(base: str, n: int) -> list[int]:
 @pytest.fixture
 def policy(cluster):
     """Set the live policy for one test, then restore pass-through."""
-    def put(**batch) -> dict:
-        r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": batch}, timeout=10)
+    def put(**batch) -> dict:  # the whole section: the endpoint merges, and no knob of another test may linger
+        full = BatchPolicyConfig(**batch).model_dump(mode="json")
+        r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": full}, timeout=10)
         assert r.status_code == 200, r.text
         return r.json()["batch"]
     yield put
@@ -107,3 +110,16 @@ def test_bad_policy_update_is_a_400_and_changes_nothing(cluster, policy):
     r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": {"name": "fifo"}}, timeout=10)
     assert r.status_code == 400
     assert httpx.get(f"{cluster.url}/v1/admin/policy", timeout=10).json() == before
+
+
+def test_bench_presets_replace_whole_sections_so_no_knob_lingers(cluster, policy):
+    """PUT /v1/admin/policy merges a section's knobs into the current ones; the bench applies each preset's
+    sections in full, so the easerve preset after the tierserve one is not left work-conserving."""
+    from benchmarks.bench.presets import PRESETS, apply_policy
+
+    with httpx.Client(base_url=cluster.url, timeout=10) as admin:
+        apply_policy(admin, PRESETS["tierserve"].policy, "tierserve")
+        assert admin.get("/v1/admin/policy").json()["batch"]["work_conserving"] is True
+        apply_policy(admin, PRESETS["easerve"].policy, "easerve")
+        batch = admin.get("/v1/admin/policy").json()["batch"]
+    assert batch["work_conserving"] is False and batch["name"] == "adaptive"
