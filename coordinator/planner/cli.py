@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --budget 20 --trials 30 --out plan.yaml
   tierserve plan --rate 5 --slo ttft=5s,tpot=150ms --gpus 8xA100 --model ultravox --modality audio \\
       --storage sqlite:///plan.db   # run again with the same flags to continue the study
+  tierserve plan --rate 4 --slo ttft=1s,tpot=100ms --model tiny-llava --live http://127.0.0.1:8000 --trials 8
 """
 
 _UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}
@@ -65,6 +66,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--budget", type=float, help="$/h to spend; tiers are chosen from the catalog")
     where.add_argument("--gpus", help="GPU inventory to plan on, e.g. 2xRTX4090,2xA100")
+    where.add_argument("--live", metavar="URL",
+                       help="run the trials on the cluster at this coordinator URL (its layout, read from "
+                            "/v1/cluster, is kept: only the knobs are searched); its policy is restored after")
     p.add_argument("--model", default="llava-1.5-7b",
                    help="model preset, tiny-llava or a checkpoint dir (default: %(default)s)")
     p.add_argument("--modality", choices=["image", "video", "audio"],
@@ -88,6 +92,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="measured service times (a `tierserve profile` JSON, or a directory of them; repeatable): "
                         "their tiers use the measurements, others the roofline; several of one tier are pooled")
     p.add_argument("--host", default="node0", help="host name written for every GPU (default: %(default)s)")
+    p.add_argument("--admin-token", help="with --live: the coordinator's --admin-token, if it has one")
     return p
 
 
@@ -116,11 +121,24 @@ def run(a: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from rich.console import Console
 
+    from coordinator.planner.live_http import LiveClusterError
+
     console = Console()
     try:
         from coordinator.planner.planning import make_plan, prepare, search
         from coordinator.planner.report import print_plan, search_progress
 
+        deployed = None
+        if a.live:
+            from coordinator.planner.catalog import load_catalog
+            from coordinator.planner.live_plan import live_search, read_deployed
+
+            deployed = read_deployed(a.live, load_catalog(*a.catalog), a.admin_token)
+            tiers: dict[str, int] = {}
+            for g in deployed.groups:
+                tiers[g.tier] = tiers.get(g.tier, 0) + g.count
+            a.gpus = ",".join(f"{n}x{t}" for t, n in tiers.items())
+            console.print(f"live: the cluster at {a.live} runs {deployed.label()}; its knobs are searched there")
         req = _request(a)
         with console.status("stage 1: capacities, allocations, queueing model..."):
             ctx = prepare(req)
@@ -129,10 +147,14 @@ def run(a: argparse.Namespace) -> int:
                       f"{req.rate:g} req/s, kept {len(s1.candidates)}: "
                       + "; ".join(c.allocation.label() for c in s1.candidates))
         with search_progress(console, a.method, a.trials) as on_trial:
-            result = search(ctx, a.method, a.trials, a.seed, a.storage, a.study_name, on_trial)
+            if deployed is not None:
+                result = live_search(ctx, a.live, deployed, a.method, a.trials, a.seed, a.admin_token, a.storage,
+                                     a.study_name, on_trial)
+            else:
+                result = search(ctx, a.method, a.trials, a.seed, a.storage, a.study_name, on_trial)
         plan = make_plan(ctx, result, a.seed, a.storage)
         path = plan.save(a.out)
-    except (ValueError, ValidationError, KeyError) as exc:  # PlanError, PlanFileError, StudyError are ValueErrors
+    except (ValueError, ValidationError, KeyError, LiveClusterError) as exc:  # PlanError etc. are ValueErrors
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         console.print(f"[red]error:[/] {message}", highlight=False)
         return 2

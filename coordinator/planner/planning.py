@@ -240,18 +240,28 @@ def baseline_spaces(ctx: PlanContext) -> list[KnobSpace]:
 
 def search(ctx: PlanContext, method: Method = "has", trials: int = 30, seed: int = 0, storage: str | None = None,
            study_name: str | None = None, on_trial: OnTrial | None = None, stopping: StoppingConfig | None = None,
-           backend: TrialBackend | None = None) -> SearchResult:
-    """Run one searcher with `trials` trials on `backend` (default: the simulator)."""
+           backend: TrialBackend | None = None, only: Allocation | None = None) -> SearchResult:
+    """Run one searcher with `trials` trials on `backend` (default: the simulator); `only`: search the knobs
+    of that allocation alone (a live cluster, whose layout the admin endpoint cannot change)."""
     backend = backend or ctx.backend
     if method == "has":
-        name = study_name or f"plan-{ctx.request.digest()}-seed{seed}"
+        name = study_name or f"plan-{ctx.request.digest()}-seed{seed}" + (f"-{only.label()}" if only else "")
         cfg = HasConfig(trials=trials, seed=seed, storage=storage, study_name=name,
                         stopping=stopping or StoppingConfig())
-        return stage2(has_spaces(ctx), backend, cfg, on_trial)
+        return stage2(_only(has_spaces(ctx), only, ctx), backend, cfg, on_trial)
     if storage is not None:
         raise PlanError(f"--storage resumes HAS studies only; the {method} baseline keeps no study")
     searcher = random_search if method == "random" else coordinate_search
-    return searcher(baseline_spaces(ctx), backend, trials, seed, on_trial)
+    return searcher(_only(baseline_spaces(ctx), only, ctx), backend, trials, seed, on_trial)
+
+
+def _only(spaces: list[KnobSpace], only: Allocation | None, ctx: PlanContext) -> list[KnobSpace]:
+    """The spaces of `only` (its seeded space if stage 1 kept it, else the unpruned one); all without it."""
+    if only is None:
+        return spaces
+    kept = [s for s in spaces if s.allocation == only]
+    n_encode = sum(g.count for g in only.groups if g.role in ("E", "E+P"))
+    return kept or [full_space(only, b_max(ctx.request.rate, max(1, n_encode)), ctx.can_host)]
 
 
 def service_time_source(perf: PerfModel, tier: str) -> str:

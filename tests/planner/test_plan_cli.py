@@ -127,3 +127,41 @@ def test_bad_profiles_are_refused_with_the_fix(capsys, tmp_path, make, needle):
     code, out = run_cli(capsys, "--gpus", "2xRTX4090,2xA100", "--model", "llava-1.5-7b", "--profile", str(make(tmp_path)))
     assert code == 2 and needle in out, out
     assert "Traceback" not in out
+
+
+def test_a_clusters_workers_make_up_its_allocation():
+    from coordinator.planner.catalog import load_catalog
+    from coordinator.planner.live_plan import deployed_allocation
+
+    workers = [{"worker_id": "encode-0", "role": "encode", "tier": "cpu"},
+               {"worker_id": "llm-local-0", "role": "prefill", "tier": "cpu", "colocated_with": "encode-0"},
+               {"worker_id": "encode-1", "role": "encode", "tier": "cpu"},
+               {"worker_id": "llm-steal-1", "role": "combined", "tier": "cpu", "colocated_with": "encode-1"},
+               {"worker_id": "llm-0", "role": "prefill", "tier": "cpu"}, {"worker_id": "llm-1", "role": "decode", "tier": "cpu"},
+               {"worker_id": "llm-2", "role": "combined", "tier": "cpu"}]
+    assert deployed_allocation(workers, load_catalog()).label() == "1xcpu:E,1xcpu:E+P,1xcpu:P,1xcpu:D,1xcpu:P+D"
+
+
+def test_live_planning_of_an_unreachable_cluster_exits_2(capsys):
+    code, out = run_cli(capsys, "--live", "http://127.0.0.1:9", "--model", "tiny-llava")
+    assert code == 2 and "cannot reach http://127.0.0.1:9/v1/cluster" in out and "Traceback" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_live_planning_searches_the_running_clusters_knobs_and_restores_its_policy(capsys, tmp_path, live_cluster):
+    import httpx
+
+    before = httpx.get(f"{live_cluster.url}/v1/admin/policy", timeout=10).json()
+    out_file, priced = tmp_path / "live.yaml", tmp_path / "cpu-price.yaml"
+    priced.write_text("tiers:\n  cpu:\n    price_per_hour: 0.5\n    price_source: test\n    price_date: '2026-11'\n")
+    code = main(["plan", "--rate", "2", "--slo", "ttft=2s,tpot=200ms", "--trials", "2", "--requests", "4",
+                 "--predict-requests", "20", "--model", "tiny-llava", "--live", live_cluster.url,
+                 "--catalog", str(priced), "--out", str(out_file)])
+    text = " ".join(capsys.readouterr().out.split())
+    assert code == 0, text
+    assert "runs 1xcpu:E,1xcpu:P+D" in text
+    plan = load_plan(out_file)
+    assert plan.search.backend == "live" and plan.search.trials == 2
+    assert sorted(n.role for n in plan.nodes) == ["E", "P+D"] and plan.model == "tiny-llava"
+    assert httpx.get(f"{live_cluster.url}/v1/admin/policy", timeout=10).json() == before   # put back
