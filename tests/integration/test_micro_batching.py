@@ -81,14 +81,14 @@ def _dispatch_wait(base: str, i: int) -> float:
 
 @pytest.mark.parametrize("conserving", [False, True])
 def test_work_conserving_adaptive_sends_to_an_idle_encoder_at_once(cluster, policy, conserving):
-    policy(name="adaptive", max_batch=4, max_wait_s=1.0, work_conserving=conserving)
+    policy(name="adaptive", max_batch=8, max_wait_s=1.0, work_conserving=conserving)
     waits = [_dispatch_wait(cluster.url, i) for i in range(5)]  # one at a time: the encoder is idle at each arrival
     if conserving:
-        assert max(waits) < 0.05, waits
-    else:  # the negative control: once lambda is known (3 arrivals), EAServe's rule holds each for g = kappa/lambda
-        assert min(waits[3:]) > 0.05, waits
+        assert max(waits) < 0.07, waits
+    else:  # the negative control: once lambda is known (3 arrivals, each ~0.1 s apart), EAServe's rule holds
+        assert min(waits[3:]) > 0.07, waits  # each for g = kappa / lambda, kappa(B=8, p=0.6) = 2.65: > 0.13 s
     sizes = asyncio.run(_burst(cluster.url, 12))
-    assert max(sizes) <= 4 and max(sizes) > 1, sizes                      # behind a busy encoder, batches form
+    assert max(sizes) <= 8 and max(sizes) > 1, sizes                      # behind a busy encoder, batches form
 
 
 def _metrics(base: str) -> dict[tuple[str, str], float]:
