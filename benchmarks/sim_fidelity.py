@@ -286,7 +286,7 @@ def print_table(console: Console, cells: list[dict], slo: SLO) -> None:
 
 
 def stage_table(console: Console, cells: list[dict]) -> None:
-    """Mean TTFT per stage (ttft_stages.py), live against the default reading with pooled profiles."""
+    """Mean TTFT per stage (ttft_stages.py), live against the encode_core reading of the rate's own profile."""
     if not any(c.get("live_ttft_stages") for c in cells):
         return
     table = Table(title="mean TTFT by stage, ms: live / simulated (encode_core reading, the rate's own profile)")
