@@ -10,7 +10,11 @@ import time
 
 from rich.console import Console
 
+from coordinator.deploy.cli import add_parser as add_deploy_parser
+from coordinator.deploy.cli import run as run_deploy
 from coordinator.launcher import ClusterError, ClusterSpec, LocalCluster
+from coordinator.oserve.replan_cli import add_parser as add_replan_parser
+from coordinator.oserve.replan_cli import run as run_replan
 from coordinator.planner.cli import add_parser as add_plan_parser
 from coordinator.planner.cli import add_profile_parser, run_profile
 from coordinator.planner.cli import run as run_plan
@@ -44,6 +48,16 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     p.add_argument("--transport", default="local", choices=["local", "tcp", "ucx", "nixl"],
                    help="how embeddings and KV caches move between workers (default: %(default)s; ucx and nixl "
                         "need their packages, see transport/README.md)")
+    p.add_argument("--device", default="cpu",
+                   help="where workers run: cpu (default); cuda:N (every worker on GPU N); cuda (one GPU per worker "
+                        "slot: encode worker i and its co-located workers on cuda:i, LLM worker j after them; with "
+                        "--plan, each planned GPU's own index)")
+    p.add_argument("--engine", default="reference", choices=["reference", "vllm", "null"],
+                   help="LLM workers' engine: reference (tierserve's exact PyTorch engine), vllm (vLLM's, fed our "
+                        "embeddings; `make vllm` installs it; not with --local-prefill or --steal) or null (no model, "
+                        "instant tokens: measures the serving path; combined workers only) (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="every worker's model dtype (default: %(default)s, the exact one)")
     p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
     api = p.add_argument_group("API limits (passed to the coordinator)")
@@ -57,12 +71,23 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
                      help="encode micro-batching policy (default: pass_through)")
     api.add_argument("--max-batch", type=int, help="B: most requests per encode micro-batch (default: 8)")
     api.add_argument("--offload-share", type=float, help="s: share of prefills on the local prefill worker (default: 0)")
+    api.add_argument("--max-in-flight", type=int,
+                     help="requests admitted at once; more are answered 429 with Retry-After (default: 256)")
+    api.add_argument("--migration-limit", type=int,
+                     help="most re-runs of a request whose worker died (default: 3)")
+    sec = p.add_argument_group("secrets (handed to the coordinator through its environment, never its command line)")
+    sec.add_argument("--api-key", action="append", default=[],
+                     help="require this key on /v1/* (repeatable; visible in `ps` of this command: prefer "
+                          "--api-key-file or $TIERSERVE_API_KEYS)")
+    sec.add_argument("--api-key-file", help="file with one API key per line")
+    sec.add_argument("--admin-token-file", help="file holding the bearer token /v1/admin/* requires "
+                                                "(or $TIERSERVE_ADMIN_TOKEN); needed with a non-loopback --host")
 
 
 def coordinator_flags(a: argparse.Namespace) -> list[str]:
     flags = []
     for name in ("max_image_bytes", "max_images_per_request", "max_image_pixels", "request_timeout", "batch_policy",
-                 "max_batch", "offload_share"):
+                 "max_batch", "offload_share", "max_in_flight", "migration_limit"):
         if getattr(a, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
     for d in a.allowed_local_media_dir:
@@ -72,6 +97,24 @@ def coordinator_flags(a: argparse.Namespace) -> list[str]:
     return flags
 
 
+def secrets_env(a: argparse.Namespace) -> dict[str, str]:
+    """The coordinator's secrets from this command's flags and environment, as environment variables; refuses a
+    non-loopback --host without an admin token (the coordinator's own rules, checked before anything starts)."""
+    from pathlib import Path
+
+    from coordinator.auth import SecretError, bind_refusal, load_secrets
+    from coordinator.protocol import envs
+
+    try:
+        keys, token = load_secrets(a.api_key, Path(a.api_key_file) if a.api_key_file else None, None,
+                                   Path(a.admin_token_file) if a.admin_token_file else None)
+    except SecretError as e:
+        raise ClusterError(str(e)) from None
+    if (why := bind_refusal(a.host, token)) is not None:
+        raise ClusterError(why)
+    return ({envs.API_KEYS: ",".join(keys)} if keys else {}) | ({envs.ADMIN_TOKEN: token} if token else {})
+
+
 def spec_from(a: argparse.Namespace) -> ClusterSpec:
     from pathlib import Path
 
@@ -79,11 +122,12 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
 
     if (why := unavailable(a.transport)) is not None:
         raise ClusterError(f"--transport {a.transport}: {why}; or use --transport tcp or local")
-    return ClusterSpec(
+    return ClusterSpec(secrets_env=secrets_env(a),
         encode_workers=a.encode, llm_roles=[r.strip() for r in a.llm.split(",") if r.strip()],
         model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
         port=a.port or free_port(), threads=a.threads, local_prefill=a.local_prefill, steal=a.steal, coordinator_args=coordinator_flags(a),
-        transport=a.transport,
+        transport=a.transport, device=a.device, dtype=a.dtype,
+        llm_args=["--engine", a.engine] if a.engine != "reference" else [],
     )
 
 
@@ -96,21 +140,30 @@ def _planned(a: argparse.Namespace, spec: ClusterSpec, console: Console):
 
     try:
         plan = load_plan(a.plan)
+        layout = planned_cluster(plan)
     except PlanFileError as e:
         raise ClusterError(str(e)) from None
-    layout = planned_cluster(plan)
     spec.encode_workers, spec.llm_roles, spec.colocated = layout.encode_workers, layout.llm_roles, layout.colocated
     spec.local_prefill = spec.steal = False
+    spec.gpu_indices = layout.gpu_indices
     spec.llm_args = [*spec.llm_args, *layout.llm_args]
     for note in layout.notes:
         console.print(f"[yellow]plan:[/] {note}")
     return plan.policy
 
 
-def _put_policy(url: str, policy) -> None:
+def _plan_file(a: argparse.Namespace):
+    """The --plan file (already validated by _planned), or None."""
+    from coordinator.planner.planfile import load_plan
+
+    return load_plan(a.plan) if getattr(a, "plan", None) else None
+
+
+def _put_policy(url: str, policy, token: str | None) -> None:
     import httpx
 
-    r = httpx.put(f"{url}/v1/admin/policy", json=policy.model_dump(mode="json"), timeout=10)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    r = httpx.put(f"{url}/v1/admin/policy", json=policy.model_dump(mode="json"), timeout=10, headers=headers)
     if r.status_code != 200:
         raise ClusterError(f"the plan's policy was refused by the coordinator ({r.status_code}): {r.text[:300]}")
 
@@ -125,23 +178,29 @@ def cmd_up(a: argparse.Namespace, console: Console) -> int:
         cluster.start()
         if policy is not None:
             try:
-                _put_policy(cluster.url, policy)
+                from coordinator.protocol import envs
+
+                _put_policy(cluster.url, policy, spec.secrets_env.get(envs.ADMIN_TOKEN))
             except BaseException:
                 cluster.stop()
                 raise
             console.print(f"[yellow]plan:[/] policy in force: {policy.model_dump(mode='json')}")
     console.print(f"[bold green]tierserve is up[/] at {cluster.url}  (OpenAI base URL: {cluster.url}/v1)")
-    console.print(f"redis: {cluster.redis_url}   logs: {cluster.log_dir}   Ctrl-C stops everything")
+    console.print(f"logs: {cluster.log_dir}   a process that exits is restarted; Ctrl-C stops everything")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
+        from coordinator.oserve.local_executor import attach  # PUT /v1/admin/plan switches these processes
+        from coordinator.protocol import envs
+
+        control = attach(cluster, _plan_file(a), spec.secrets_env.get(envs.ADMIN_TOKEN))
         while not stop:
-            for name, p in cluster.procs.items():
-                if p.poll() is not None:
-                    console.print(f"[red]{name} exited ({p.returncode}); stopping.[/]\n{cluster.tail(name)}")
-                    stop.append(1)
-                    break
-            time.sleep(0.5)
+            cluster.supervise(lambda msg: console.print(msg, style="yellow", markup=False))
+            try:
+                control.tick()
+            except Exception as e:  # a Redis hiccup: the switch resumes at the next tick
+                console.print(f"plan control: {type(e).__name__}: {e}", style="yellow", markup=False)
+            time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     finally:
@@ -181,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     add_plan_parser(sub)  # `tierserve plan`: coordinator/planner/cli.py
     add_profile_parser(sub)  # `tierserve profile`: coordinator/planner/cli.py
+    add_replan_parser(sub)  # `tierserve replan`: coordinator/oserve/replan_cli.py
+    add_deploy_parser(sub)  # `tierserve deploy`: coordinator/deploy/cli.py
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
@@ -197,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_plan(a)
     if a.cmd == "profile":
         return run_profile(a)
+    if a.cmd == "replan":
+        return run_replan(a)
+    if a.cmd == "deploy":
+        return run_deploy(a)
     console = Console()
     try:
         return {"up": cmd_up, "demo": cmd_demo}[a.cmd](a, console)

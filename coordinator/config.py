@@ -33,6 +33,8 @@ class CoordinatorConfig(BaseModel):
     max_audio_seconds: float = Field(30.0, gt=0)
     """The model's own window (e.g. Whisper's 30 s) caps it further."""
     max_audios_per_request: int = Field(4, ge=0)
+    max_prompt_chars: int = Field(1 << 20, ge=1)
+    """Most characters of text over all messages; more is answered 413 before anything is tokenized."""
     allowed_local_dirs: tuple[Path, ...] = ()
     """Directories from which `image_url` may name local files; empty means no local files."""
     media_ttl_s: int = Field(300, ge=1)
@@ -41,6 +43,17 @@ class CoordinatorConfig(BaseModel):
     """A request with no final token by then is answered 504 and aborted."""
     policy: PolicyConfig = PolicyConfig()
     """Micro-batching and offload knobs at start; changeable at run time (PUT /v1/admin/policy)."""
-    heartbeat_ttl_s: float = Field(10.0, gt=0)
-    admin_token: str | None = None
-    """If set, /v1/admin/* requires `Authorization: Bearer <token>`; unset suits a loopback-only cluster."""
+    heartbeat_ttl_s: float = Field(2.0, gt=0)
+    """A worker whose heartbeat is older than this has left routing (workers beat every ttl/4)."""
+    migration_limit: int = Field(3, ge=0)
+    """Most re-runs of one request after the workers holding it died (Dynamo's --migration-limit);
+    past it, or when no worker can take it, the client gets an explicit error."""
+    max_in_flight: int = Field(256, ge=1)
+    """Requests admitted at once; beyond it a request is answered 429 with Retry-After."""
+    admin_token: str | None = Field(None, repr=False)
+    """If set, /v1/admin/* requires `Authorization: Bearer <token>`; unset suits a loopback-only cluster (the
+    admin API then answers only requests addressed to a loopback name, and serve refuses other binds)."""
+    api_keys: tuple[str, ...] = Field((), repr=False)
+    """Keys accepted as `Authorization: Bearer <key>` on /v1/* (not /v1/admin/*, /health or /metrics);
+    empty leaves the API open, as suits a loopback-only cluster. Secrets are kept out of repr (logs);
+    `coordinator.auth.secret_problem` checks them without printing them."""

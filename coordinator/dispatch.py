@@ -25,6 +25,8 @@ from coordinator.protocol.messages import EncodeBatch, EncodeJob, Modality
 from coordinator.protocol.streams import FIELD
 
 log = logging.getLogger(__name__)
+RETRY_S = 0.25
+"""A release Redis refused is tried again after this long."""
 QueueKey = tuple[str, Modality]
 """(encode worker id, modality): one FIFO, one policy, one deadline timer."""
 
@@ -77,9 +79,18 @@ class EncodeDispatcher:
         batches = [[queue.popleft() for _ in range(min(r.count, len(queue)))] for r in policy.decide(now)]
         self._observe(key, policy)
         self._arm(key, policy.next_deadline(now), now)
-        for batch in batches:
-            if batch:
+        for n, batch in enumerate(batches):
+            if not batch:
+                continue
+            try:
                 await self._release(key, batch)
+            except Exception:
+                # Redis refused the write (down, restarting): nothing is lost; what was not written goes back
+                # to the head of the queue and is tried again shortly.
+                for job in reversed([j for b in batches[n:] for j in b]):
+                    queue.appendleft(job)
+                self._arm(key, self.clock() + RETRY_S, self.clock())
+                raise
 
     async def _release(self, key: QueueKey, batch: list[EncodeJob]) -> None:
         await self.redis.xadd(self.keys.jobs(key[0]), {FIELD: EncodeBatch(jobs=batch).model_dump_json()})
@@ -120,6 +131,20 @@ class EncodeDispatcher:
         self._polls.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("deadline release failed", extra={"error": str(task.exception())})
+
+    def forget(self, worker_id: str) -> None:
+        """Drop a dead worker's queues, policies and timers; its requests are re-run by the failover (their
+        holder is that worker), not released here."""
+        for key in [k for k in self.policies.keys() | self.queues.keys() if k[0] == worker_id]:
+            self.policies.pop(key, None)
+            self.queues.pop(key, None)
+            handle = self.timers.pop(key, None)
+            if handle is not None:
+                handle.cancel()
+
+    def forget_all(self) -> None:
+        for worker_id in {k[0] for k in self.policies.keys() | self.queues.keys()}:
+            self.forget(worker_id)
 
     def close(self) -> None:
         for t in self.timers.values():

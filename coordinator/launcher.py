@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,10 +14,14 @@ from pathlib import Path
 
 import httpx
 
+from coordinator.protocol import envs
+from coordinator.protocol.keys import Keys
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+from coordinator.protocol.roles import LLM_ROLES
+from coordinator.protocol.worker_config import DEVICE_PATTERN, DTYPES
 from coordinator.redis_server import PrivateRedis
+from coordinator.supervisor import RestartPolicy, Supervisor
 
-LLM_ROLES = ("combined", "prefill", "decode")
 
 
 class ClusterError(RuntimeError):
@@ -51,6 +56,18 @@ class ClusterSpec:
     """Extra flags for `python -m coordinator.serve`."""
     transport: str = "local"
     """Tensor transport of every worker (local, tcp, ucx, nixl; transport/README.md)."""
+    secrets_env: dict[str, str] = field(default_factory=dict)
+    """Secrets for the coordinator (envs.API_KEYS, envs.ADMIN_TOKEN, ...), handed to it through its environment,
+    never its command line. The Redis URL and a fresh per-cluster transfer secret go to every process this way."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """How `supervise` restarts a process that exits (tierserve up)."""
+    device: str = "cpu"
+    """Where the workers run: "cpu"; "cuda:N": every worker on GPU N; "cuda": one GPU per device slot (encode
+    worker i and the workers sharing its GPU on slot i, remote LLM worker j on slot encode_workers + j)."""
+    dtype: str = "float32"
+    """Every worker's model dtype (float32, bfloat16, float16)."""
+    gpu_indices: list[int] | None = None
+    """With device "cuda": the CUDA index of each device slot (a plan's gpu_index per GPU); None: slot k is cuda:k."""
     colocated: list[frozenset[str]] | None = None
     """Per encode worker, the LLM workers sharing its GPU ({"prefill"}, {"steal"}, both or none), when they
     differ between encoders (a plan's E and E+P GPUs); None: `local_prefill` and `steal` for every one."""
@@ -60,6 +77,14 @@ class ClusterSpec:
         if self.colocated is not None:
             return self.colocated[encoder]
         return frozenset({"prefill"} if self.local_prefill else set()) | ({"steal"} if self.steal else set())
+
+    def placement(self, slot: int) -> list[str]:
+        """The --device and --dtype flags of a worker on device slot `slot`."""
+        device = self.device
+        if device == "cuda":
+            planned = self.gpu_indices is not None and slot < len(self.gpu_indices)
+            device = f"cuda:{self.gpu_indices[slot] if planned else slot}"  # type: ignore[index]
+        return ["--device", device, "--dtype", self.dtype]
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -84,6 +109,9 @@ class ClusterSpec:
         if local and "decode" not in self.llm_roles:
             raise ClusterError("local prefill workers hand their KV cache to a decode worker; add one "
                                "(--llm combined,decode)")
+        if not DEVICE_PATTERN.fullmatch(self.device) or self.dtype not in DTYPES:
+            raise ClusterError(f"--device {self.device!r} --dtype {self.dtype!r}: use cpu, cuda (one GPU per worker "
+                               f"slot) or cuda:N, and one of {', '.join(DTYPES)}")
         if self.encode_workers < 0:
             raise ClusterError("--encode must be >= 0")
 
@@ -98,14 +126,25 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis: PrivateRedis | None = None
         self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, tuple[list[str], int | None]] = {}
+        """What each process was started with, to start it again."""
         self.redis_url = spec.redis_url or ""
+        self.supervisor = Supervisor(spec.restart)
+        self.cluster_secret = os.environ.get(envs.CLUSTER_SECRET) or secrets.token_hex(32)
+        self._stopping = False
 
     @property
     def url(self) -> str:
         return f"http://{self.spec.host}:{self.spec.port}"
 
     def _spawn(self, name: str, argv: list[str], device: int | None = None) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.spec.threads))
+        self.argv[name] = (argv, device)
+        if device is not None:  # a worker: its device slot places it
+            argv = [*argv, *self.spec.placement(device)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.spec.threads),
+                   **{envs.REDIS_URL: self.redis_url, envs.CLUSTER_SECRET: self.cluster_secret})
+        if name == "coordinator":
+            env.update(self.spec.secrets_env)
         pin = None
         if self.spec.pin_cores and device is not None:
             cores = sorted(os.sched_getaffinity(0))
@@ -128,7 +167,7 @@ class LocalCluster:
         if not self.redis_url:
             self.redis = PrivateRedis().start()
             self.redis_url = self.redis.url
-        common = ["--redis-url", self.redis_url, "--key-prefix", s.key_prefix, "--model", str(s.model_dir),
+        common = ["--key-prefix", s.key_prefix, "--model", str(s.model_dir),
                   "--model-name", s.model_name, "--threads", str(s.threads), "--transport", s.transport]
         for i in range(s.encode_workers):
             self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common], device=i)
@@ -144,7 +183,7 @@ class LocalCluster:
         for i, role in enumerate(s.llm_roles):
             self._spawn(f"llm-{i}-{role}", ["-m", "llm_node", "--worker-id", f"llm-{i}-{role}", "--role", role, *common,
                                                      *s.llm_args], device=s.encode_workers + i)
-        self._spawn("coordinator", ["-m", "coordinator.serve", "--redis-url", self.redis_url, "--key-prefix",
+        self._spawn("coordinator", ["-m", "coordinator.serve", "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
         self.wait_ready(s.encode_workers + colocated + len(s.llm_roles), timeout_s)
@@ -167,12 +206,62 @@ class LocalCluster:
             time.sleep(0.2)
         raise ClusterError(f"cluster not ready after {timeout_s:.0f} s (last health: {last}); logs in {self.log_dir}")
 
+    def supervise(self, report=print) -> None:
+        """One pass of supervision (call it every fraction of a second): a process that exited is reported
+        with its cause, taken out of routing at once (its registry entry is deleted, so the coordinator re-runs
+        its requests now rather than when its heartbeat lapses) and restarted after a backoff."""
+        if self._stopping:
+            return
+        for name, p in self.procs.items():
+            if p.poll() is None or self.supervisor.waiting(name):
+                continue
+            message, _ = self.supervisor.exited(name, p.returncode)
+            report(message + (f"\n{self.tail(name, 5)}" if p.returncode > 0 else ""))
+            if name != "coordinator":
+                self._expire(name)
+        for name in self.supervisor.due():
+            argv, device = self.argv[name]
+            self._spawn(name, argv, device)
+            report(f"{name} restarted (restart {self.supervisor.restarts(name)})")
+
+    def add_worker(self, name: str, module: str, role: str, colocate_with: str | None = None,
+                   extra: list[str] | None = None) -> None:
+        """Start one more worker under supervision (a plan switch, coordinator/oserve/local_executor.py)."""
+        s = self.spec
+        argv = ["-m", module, "--worker-id", name, *(["--role", role] if module == "llm_node" else []),
+                *(["--colocate-with", colocate_with] if colocate_with else []), "--key-prefix", s.key_prefix,
+                "--model", str(s.model_dir), "--model-name", s.model_name, "--threads", str(s.threads),
+                "--transport", s.transport, *(s.llm_args if module == "llm_node" else []), *(extra or [])]
+        self._spawn(name, argv, device=len(self.argv))
+
+    def retire(self, name: str) -> subprocess.Popen | None:
+        """Stop supervising a worker and ask it to stop (SIGTERM: it drains if it can); returns its process,
+        for the caller to wait on (and kill past its own deadline)."""
+        self.argv.pop(name, None)
+        p = self.procs.pop(name, None)
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        return p
+
+    def _expire(self, worker_id: str) -> None:
+        import redis
+
+        try:
+            client = redis.Redis.from_url(self.redis_url, socket_timeout=1.0)
+            try:
+                client.delete(Keys(self.spec.key_prefix).worker(worker_id))
+            finally:
+                client.close()
+        except redis.RedisError:
+            pass  # its heartbeat's TTL takes it out of routing a moment later
+
     def tail(self, name: str, lines: int = 20) -> str:
         path = self.log_dir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Workers first (they deregister), then the coordinator, then Redis."""
+        self._stopping = True
         order = [n for n in self.procs if n != "coordinator"] + (["coordinator"] if "coordinator" in self.procs else [])
         for name in order:
             p = self.procs[name]

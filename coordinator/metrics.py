@@ -22,6 +22,12 @@ class Metrics:
         self.e2e = Histogram("tierserve_e2e_seconds", "Arrival to last token", buckets=_LAT, registry=r)
         self.overhead = Histogram("tierserve_overhead_seconds",
                                   "End-to-end time outside encode/prefill/decode compute", buckets=_LAT, registry=r)
+        self.reruns = Counter("tierserve_reruns", "Requests whose worker died: re-run, or failed (limit, "
+                              "no_worker, redis_lost)", ["outcome"], registry=r)
+        self.admission = Gauge("tierserve_admission", "Chat requests in flight now, and admitted or refused (429) "
+                               "since start", ["what"], registry=r)
+        self.flights = Gauge("tierserve_flights", "Requests this coordinator relays now (what a failure re-runs)",
+                             registry=r)
         self.tokens = Counter("tierserve_generated_tokens", "Completion tokens produced", registry=r)
         self.encode_batch = Histogram("tierserve_encode_batch_size", "Requests per released encode micro-batch",
                                       buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.planner.planfile import PlanFile
+from coordinator.planner.planfile import PlanFile, PlanFileError
+from coordinator.protocol.roles import LLM_ROLE_OF_NODE
 
-_LLM_ROLE = {"P": "prefill", "D": "decode", "P+D": "combined"}
 
 
 @dataclass(frozen=True)
@@ -27,20 +27,41 @@ class PlannedCluster:
     llm_roles: list[str]
     colocated: list[frozenset[str]]
     llm_args: list[str]
+    gpu_indices: list[int]
+    """Per device slot (encoders, then LLM GPUs, as above), the planned GPU's CUDA index (for --device cuda)."""
     notes: list[str]
     """What the local cluster does not reproduce, for the user to read."""
 
 
 def planned_cluster(plan: PlanFile) -> PlannedCluster:
-    """The local layout of `plan`: E+P encoders first, then E, then the LLM GPUs in the plan's order."""
+    """The local layout of `plan`: E+P encoders first, then E, then the LLM GPUs in the plan's order.
+    PlanFileError for a plan marked simulated only (variants no engine here runs: one process per GPU)."""
+    check_engine(plan)
+    if plan.simulated_only:
+        raise PlanFileError("this plan is simulated only and cannot be launched: " + "; ".join(plan.simulated_only)
+                            + " (re-plan with `tierserve plan --dtypes bf16 --tp 1` for a plan that runs here)")
     encoders = sorted((n for n in plan.nodes if n.role in ("E", "E+P")), key=lambda n: n.role != "E+P")
     stealing = plan.policy.stealing.enabled
     colocated = [frozenset({"prefill"} if n.role == "E+P" else {"steal"} if stealing else set()) for n in encoders]
-    roles = [_LLM_ROLE[n.role] for n in plan.nodes if n.role in _LLM_ROLE]  # a valid plan has a D for its E+P
+    llm_nodes = [n for n in plan.nodes if n.role in LLM_ROLE_OF_NODE]
+    roles = [LLM_ROLE_OF_NODE[n.role] for n in llm_nodes]  # a valid plan has a D for its E+P
+    gpus = [n.gpu_index for n in [*encoders, *llm_nodes]]
     hosts = sorted({n.host for n in plan.nodes})
     notes = [f"the plan is for {plan.model} on {', '.join(sorted({n.tier for n in plan.nodes}))} GPUs"
              f"{' across hosts ' + ', '.join(hosts) if len(hosts) > 1 else ''}; here each GPU's role is a process "
              f"on this machine, serving --model"]
     notes.append(f"engines: max_num_seqs {plan.engine.max_num_seqs} as planned; the step token budget stays each "
                  f"worker's own (at least the served model's context), not the plan's {plan.engine.max_num_batched_tokens}")
-    return PlannedCluster(len(encoders), roles, colocated, ["--max-num-seqs", str(plan.engine.max_num_seqs)], notes)
+    if len(set(gpus)) < len(gpus):
+        notes.append(f"with --device cuda, planned GPUs of different hosts share a CUDA index here: {gpus}")
+    return PlannedCluster(len(encoders), roles, colocated, ["--max-num-seqs", str(plan.engine.max_num_seqs), "--engine", plan.engine.kind], gpus,
+                          notes)
+
+
+def check_engine(plan: PlanFile) -> None:
+    """PlanFileError when the plan's engine cannot run its layout: LLM workers sharing an encode GPU (E+P, work
+    stealing) step their engine in the worker process, which only the reference engine does."""
+    if plan.engine.kind != "reference" and (any(n.role == "E+P" for n in plan.nodes) or plan.policy.stealing.enabled):
+        raise PlanFileError(f"engine {plan.engine.kind!r}: LLM workers sharing an encode GPU (E+P, work stealing) "
+                            "step their engine in the worker process, which only the reference engine does; "
+                            "use engine.kind reference or a plan without E+P and stealing")

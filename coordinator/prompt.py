@@ -9,7 +9,6 @@ module inserted.
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,16 @@ from coordinator.media import ImageInput, MediaLimits
 from coordinator.media_loading import MediaPayload, load_media
 from coordinator.modalities import ProcessorView, load_processor
 from coordinator.protocol.messages import SamplingParams
+from coordinator.tokenizer_pool import TokenizerPool
 
 DEFAULT_MAX_TOKENS = 16
+"""The completion budget of a request that sets no max_tokens when the model's context length is unknown
+(neither its config nor its tokenizer states one); with a known context it is what the prompt leaves."""
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
+DEFAULT_MAX_PROMPT_CHARS = 1 << 20
+"""--max-prompt-chars: the 1 MiB of text the request body limit allows beside media (api/chat.py body_limit);
+~250k tokens of English, more than the contexts served here hold, and ~2 s to tokenize on one core."""
 _NO_LIMIT = 10**7
 """transformers sets model_max_length to a huge sentinel when the tokenizer does not know it."""
 
@@ -40,14 +45,18 @@ class BuiltPrompt:
     """The rendered chat template before expansion (one placeholder per item), for logs."""
     media: list[MediaPayload] = field(default_factory=list)
     """Every media item in prompt order, all of one modality."""
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    """The completion budget: the request's max_(completion_)tokens, or what the context leaves after the prompt."""
 
 
-def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: float = 1.0) -> SamplingParams:
+def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: float = 1.0,
+                          default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
     """Map OpenAI's sampling fields onto the engine's; `default_temperature` is used when absent
-    (1.0 is OpenAI's default; 0 would make requests without a temperature greedy)."""
+    (1.0 is OpenAI's default; 0 would make requests without a temperature greedy), `default_max_tokens`
+    when neither max_tokens nor max_completion_tokens is set (BuiltPrompt.max_tokens: to the context's end)."""
     if req.n not in (None, 1):
         raise RequestError(f"n={req.n} is not supported; this server returns exactly one choice (n=1)", "n")
-    name, max_tokens = "max_tokens", DEFAULT_MAX_TOKENS
+    name, max_tokens = "max_tokens", default_max_tokens
     if req.max_completion_tokens is not None:
         name, max_tokens = "max_completion_tokens", req.max_completion_tokens
     elif req.max_tokens is not None:
@@ -66,7 +75,7 @@ def sampling_from_request(req: ChatCompletionRequest, *, default_temperature: fl
     if top_p == 0.0:  # the limit of top_p -> 0 keeps only the most likely token
         temperature, top_p = 0.0, 1.0
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=req.seed, stop=stop,
-                          ignore_eos=req.ignore_eos)
+                          ignore_eos=req.ignore_eos, logprobs=req.logprobs_k())
 
 
 def _describe(media: list[MediaPayload]) -> str:
@@ -86,10 +95,12 @@ class PromptBuilder:
     """Renders and tokenizes requests with one model's processor (chat template, tokenizer, media sizes).
 
     `max_model_len` bounds prompt + completion; by default the tokenizer's model_max_length. A request
-    carries media of one modality (image, video or audio), which the model must take.
+    carries media of one modality (image, video or audio), which the model must take. `max_prompt_chars`
+    bounds the client's text, checked before anything is rendered or tokenized.
     """
 
-    def __init__(self, processor: Any, limits: MediaLimits | None = None, max_model_len: int | None = None):
+    def __init__(self, processor: Any, limits: MediaLimits | None = None, max_model_len: int | None = None,
+                 max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS):
         self.view = ProcessorView(processor)
         self.processor = processor
         self.tokenizer = self.view.tokenizer
@@ -99,17 +110,19 @@ class PromptBuilder:
             known = getattr(self.tokenizer, "model_max_length", None)
             max_model_len = known if isinstance(known, int) and known < _NO_LIMIT else None
         self.max_model_len = max_model_len
-        # build() runs in worker threads; a shared fast tokenizer can fail with "Already borrowed".
-        self._tokenizer_lock = threading.Lock()
+        self.max_prompt_chars = max_prompt_chars
+        # build() runs in worker threads, several at once: each tokenizes with its own copy.
+        self.tokenizers = TokenizerPool(self.tokenizer)
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path | str, limits: MediaLimits | None = None) -> PromptBuilder:
+    def from_model_dir(cls, model_dir: Path | str, limits: MediaLimits | None = None,
+                       max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS) -> PromptBuilder:
         """Processor and context length (text config's max_position_embeddings) from a checkpoint."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(model_dir)
         max_pos = getattr(config.get_text_config(), "max_position_embeddings", None)
-        return cls(load_processor(model_dir), limits, max_pos)
+        return cls(load_processor(model_dir), limits, max_pos, max_prompt_chars)
 
     @property
     def modalities(self) -> list[str]:
@@ -118,6 +131,7 @@ class PromptBuilder:
     def build(self, req: ChatCompletionRequest) -> BuiltPrompt:
         """Validate `req`, load its media, and tokenize it exactly as the model's processor would."""
         sampling = sampling_from_request(req)
+        self._check_text_size(req)
         messages, parts = self._template_messages(req)
         self._check_counts(parts)
         loaded = load_media(parts, self.limits, self.view)
@@ -130,12 +144,22 @@ class PromptBuilder:
                                "remove it (media go in image_url, video or input_audio parts)", "messages")
         expanded = pieces[0] + "".join(tok * item.num_tokens + after
                                        for tok, item, after in zip(spelled, loaded.media, pieces[2::2]))
-        with self._tokenizer_lock:
-            ids: list[int] = self.tokenizer(expanded)["input_ids"]
+        with self.tokenizers.borrow() as tokenizer:
+            ids: list[int] = tokenizer(expanded)["input_ids"]
         n_media = sum(item.num_tokens for item in loaded.media)
-        self._check_length(req, len(ids), n_media, _describe(loaded.media), sampling.max_tokens)
+        max_tokens = self._check_length(req, len(ids), n_media, _describe(loaded.media), sampling.max_tokens)
         return BuiltPrompt(prompt_token_ids=ids, images=loaded.images, num_image_tokens=n_media, prompt_text=text,
-                           media=loaded.media)
+                           media=loaded.media, max_tokens=max_tokens)
+
+    def _check_text_size(self, req: ChatCompletionRequest) -> None:
+        """Refuse (413) more client text than --max-prompt-chars before it is rendered or tokenized: a
+        tokenizer takes ~2 s a million characters, and a 45 MB body would hold a copy for over a minute."""
+        chars = sum(len(m.content) if isinstance(m.content, str)
+                    else sum(len(p.text) for p in m.content if isinstance(p, TextPart))
+                    for m in req.messages if m.content is not None)
+        if chars > self.max_prompt_chars:
+            raise RequestError(f"messages hold {chars:,} characters of text; the limit is {self.max_prompt_chars:,} "
+                               "(--max-prompt-chars); shorten the messages", "messages", status=413)
 
     def _check_counts(self, parts: list[tuple[str, Any, str]]) -> None:
         kinds = sorted({m for m, *_ in parts})
@@ -217,10 +241,11 @@ class PromptBuilder:
         except TemplateError as e:  # templates may raise_exception() on e.g. role order
             raise RequestError(f"the model's chat template rejected the messages: {e}", "messages") from None
 
-    def _check_length(self, req: ChatCompletionRequest, n: int, n_media: int, items: str, max_tokens: int) -> None:
+    def _check_length(self, req: ChatCompletionRequest, n: int, n_media: int, items: str, max_tokens: int) -> int:
+        """The completion budget (BuiltPrompt.max_tokens) of a prompt of `n` tokens, or a 400 if it does not fit."""
         limit = self.max_model_len
         if limit is None:
-            return
+            return max_tokens
         detail = f" ({n_media} of them for {items})" if items else ""
         if n >= limit:
             raise RequestError(
@@ -228,9 +253,12 @@ class PromptBuilder:
                 "including at least one completion token; shorten the messages",
                 "messages",
             )
+        if req.max_tokens is None and req.max_completion_tokens is None:
+            return limit - n
         if n + max_tokens > limit:
             raise RequestError(
                 f"prompt ({n} tokens) + {_max_tokens_param(req)} ({max_tokens}) exceeds the model's context of "
                 f"{limit} tokens; set {_max_tokens_param(req)} to at most {limit - n}",
                 _max_tokens_param(req),
             )
+        return max_tokens

@@ -70,7 +70,17 @@ class PrivateRedis:
         self.stop()
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s} s")
 
+    def restart(self, down_s: float = 0.0) -> "PrivateRedis":
+        """Stop the server and start an empty one on the same port (a Redis restart without persistence)."""
+        self._terminate()
+        time.sleep(down_s)
+        return self.start()
+
     def stop(self) -> None:
+        self._terminate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _terminate(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -78,4 +88,3 @@ class PrivateRedis:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)

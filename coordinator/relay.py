@@ -1,4 +1,5 @@
-"""Reads one request's token stream from Redis until its final event."""
+"""Reads one request's own token stream (`Keys.tokens`) until its final event: for tools and tests that push
+jobs without a reply_to; the coordinator reads its reply stream instead (replies.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
+from coordinator.flights import RelayTimeout
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import TokenEvent
 from coordinator.protocol.streams import parse_token_event
 
 
-class RelayTimeout(TimeoutError):
-    pass
-
-
 async def token_events(redis: Redis, keys: Keys, request_id: str, timeout_s: float) -> AsyncIterator[TokenEvent]:
-    """Yields events in order; stops after the one with a finish_reason; RelayTimeout past the deadline."""
+    """Yields the output events in order; stops after the one with a finish_reason; RelayTimeout past the deadline."""
     key = keys.tokens(request_id)
     last = "0-0"
     deadline = time.monotonic() + timeout_s
@@ -30,6 +28,8 @@ async def token_events(redis: Redis, keys: Keys, request_id: str, timeout_s: flo
             for entry_id, fields in entries:
                 last = entry_id
                 ev = parse_token_event(fields)
+                if ev.holder is not None:  # a hand-off notice, not output (the coordinator's failover uses it)
+                    continue
                 yield ev
                 if ev.finish_reason is not None:
                     return

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
+from coordinator.auth import SecretError, bind_refusal, is_loopback, load_secrets
 from coordinator.config import CoordinatorConfig
+from coordinator.protocol import envs
 from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
 from coordinator.policies.sm_partition import SMPartitionConfig
 from coordinator.policies.work_stealing import WorkStealingConfig
 from coordinator.protocol.logs import setup_logging
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
-
+log = logging.getLogger(__name__)
 
 KEEP_ALIVE_S = 65
 """Seconds an idle client connection stays open (above the 5-60 s of common clients and load balancers)."""
@@ -34,10 +37,28 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-audio-seconds", type=float, default=30.0,
                    help="longest audio clip (the model's window caps it further)")
     p.add_argument("--max-audios-per-request", type=int, default=4, help="most audio clips in one request")
+    p.add_argument("--max-prompt-chars", type=int, default=1 << 20,
+                   help="most characters of text over a request's messages, checked before tokenizing; more is "
+                        "answered 413 (default: %(default)s)")
     p.add_argument("--allowed-local-media-dir", type=Path, action="append", default=[],
                    help="directory image_url may name local files under (repeatable)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
-    p.add_argument("--admin-token", default=None, help="require this bearer token on /v1/admin/* (default: open)")
+    p.add_argument("--migration-limit", type=int, default=3,
+                   help="most re-runs of a request whose worker died before it finished (default: %(default)s)")
+    p.add_argument("--max-in-flight", type=int, default=256,
+                   help="requests admitted at once; more get 429 with Retry-After (default: %(default)s)")
+    s = p.add_argument_group("access (secrets are better passed in the environment or a file than as flags)")
+    s.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="accept this bearer key on /v1/* (repeatable; visible in `ps`: prefer --api-key-file or "
+                        "TIERSERVE_API_KEYS). With none the API is open")
+    s.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
+                   help="a file of API keys, one a line (# comments); added to --api-key and TIERSERVE_API_KEYS")
+    s.add_argument("--admin-token", default=None,
+                   help="require this bearer token on /v1/admin/*; visible to every user in `ps`, so prefer "
+                        "--admin-token-file or TIERSERVE_ADMIN_TOKEN. Without a token the admin API answers only "
+                        "loopback addresses and the coordinator refuses a non-loopback --host")
+    s.add_argument("--admin-token-file", type=Path, default=None, metavar="PATH",
+                   help="a file holding the admin token (used when --admin-token is not given)")
     b = p.add_argument_group("encode dispatch (micro-batching) policy; PUT /v1/admin/policy changes it live")
     b.add_argument("--batch-policy", default="pass_through",
                    choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"], help="(default: %(default)s)")
@@ -58,14 +79,17 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig:
-    return CoordinatorConfig(
+    """Raises SecretError when a key file cannot be read or a secret cannot travel in a header."""
+    api_keys, admin_token = load_secrets(a.api_key, a.api_key_file, a.admin_token, a.admin_token_file)
+    return CoordinatorConfig(api_keys=api_keys,
         redis_url=redis_url, key_prefix=a.key_prefix, host=a.host, port=a.port, model_dir=a.model,
         model_name=a.model_name, max_image_bytes=a.max_image_bytes, max_images_per_request=a.max_images_per_request,
         max_image_pixels=a.max_image_pixels, max_video_frames=a.max_video_frames, max_video_bytes=a.max_video_bytes,
         max_videos_per_request=a.max_videos_per_request, max_audio_bytes=a.max_audio_bytes,
         max_audio_seconds=a.max_audio_seconds, max_audios_per_request=a.max_audios_per_request,
+        max_prompt_chars=a.max_prompt_chars,
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
-        admin_token=a.admin_token, policy=PolicyConfig(batch=BatchPolicyConfig(
+        admin_token=admin_token, migration_limit=a.migration_limit, max_in_flight=a.max_in_flight, policy=PolicyConfig(batch=BatchPolicyConfig(
             name=a.batch_policy, max_batch=a.max_batch, fill_probability=a.fill_probability, max_wait_s=a.max_wait,
             timeout_s=a.batch_timeout, queue_length=a.queue_length), offload=OffloadConfig(s=a.offload_share),
             stealing=WorkStealingConfig(enabled=a.work_stealing, max_stolen=a.max_stolen,
@@ -80,11 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     from coordinator.app import create_app
 
     p = argparse.ArgumentParser(prog="python -m coordinator.serve", description="Run the tierserve coordinator.")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--redis-url", default=None,
+                   help="the cluster's Redis (default: $TIERSERVE_REDIS_URL, else redis://127.0.0.1:6379/0; "
+                        "a URL with a password belongs in the environment variable, not here)")
     add_coordinator_args(p)
     a = p.parse_args(argv)
     setup_logging("coordinator")
-    cfg = config_from_args(a, a.redis_url)
+    try:
+        cfg = config_from_args(a, a.redis_url or envs.redis_url())
+    except SecretError as e:
+        print(f"coordinator: {e}", file=sys.stderr)
+        return 2
+    refusal = bind_refusal(cfg.host, cfg.admin_token)
+    if refusal:  # before binding: an open admin API must never be reachable from the network
+        print(f"coordinator: {refusal}", file=sys.stderr)
+        return 2
+    if not is_loopback(cfg.host) and not cfg.api_keys:
+        log.warning("listening on %s with no API key: anyone who reaches it may use /v1; set TIERSERVE_API_KEYS "
+                    "or --api-key-file", cfg.host)
     # Keep idle connections longer than clients do (httpx and most SDKs: 5 s, uvicorn's default too): at equal
     # timeouts a client may reuse a connection the server is closing, and its request dies with a ReadError.
     uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_config=None, access_log=False,

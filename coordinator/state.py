@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -10,11 +10,13 @@ from redis.asyncio import Redis
 
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import EncodeDispatcher
+from coordinator.flights import FlightBook
 from coordinator.metrics import Metrics
 from coordinator.policies.base import PolicyConfig
 from coordinator.prompt import PromptBuilder
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.registry import WorkerRegistry
+from coordinator.routing_view import RoutingView
 
 
 @dataclass
@@ -29,7 +31,16 @@ class AppState:
     started_at: float
     policy: PolicyConfig
     """The knobs in force; the dispatcher holds the batch part, workers read the rest from Redis."""
+    reply_key: str = ""
+    """This coordinator process's reply stream (Keys.replies of its instance): every job names it."""
+    flights: FlightBook = field(default_factory=FlightBook)
+    """The requests in flight here (what the failover re-runs)."""
     counter: int = 0
+    routing: RoutingView = field(init=False)
+    """The registry as dispatch reads it: one scan serves the requests of a few milliseconds (routing_view.py)."""
+
+    def __post_init__(self) -> None:
+        self.routing = RoutingView(self.registry)
 
 
 def get_state(request: Request) -> AppState:

@@ -10,4 +10,6 @@ from coordinator.protocol.worker_config import WorkerConfig
 class EncodeWorkerConfig(WorkerConfig):
     max_batch_size: int = Field(8, ge=1)
     """Most requests one encoder forward pass takes (whatever is queued, up to this)."""
-    device: str = "cpu"
+    drain_timeout_s: float = Field(0.0, ge=0)
+    """On SIGTERM, seconds to finish the micro-batches released to this worker while the dispatcher sends
+    nothing new (a plan switch or rolling restart); 0 stops at once (the coordinator re-runs what it held)."""

@@ -40,6 +40,19 @@ class Encoder(Protocol):
     def encode(self, items_per_request: list[list[bytes]], modality: Modality = "image") -> EncodedBatch: ...
 
 
+def load_media_side(model_class: str, model_dir, device: str, dtype: torch.dtype):
+    """(the checkpoint's media side: towers + projector, on `device` in `dtype`; its config). The language
+    model is dropped right after loading, on the CPU, so an encode GPU holds only what encodes."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = getattr(transformers, model_class).from_pretrained(model_dir, dtype=dtype)
+    model.model.language_model = None
+    model.lm_head = None
+    return model.model.eval().to(device), model.config
+
+
 def decode_image(raw: bytes) -> Image.Image:
     with Image.open(io.BytesIO(raw)) as im:
         return im.convert("RGB")

@@ -10,6 +10,8 @@ from PIL import Image
 
 from coordinator.protocol.messages import EncodedMedia, Modality
 from encode_node.encoded import EncodedBatch, check_modality, decode_each, decode_image, split_per_request
+from encode_node.encoded import load_media_side
+from native.pinned import HostStaging
 
 __all__ = ["EncodedBatch", "LlavaImageEncoder"]
 
@@ -17,25 +19,21 @@ __all__ = ["EncodedBatch", "LlavaImageEncoder"]
 class LlavaImageEncoder:
     """Loads the checkpoint, keeps only the vision side, encodes many requests' images in one pass.
 
-    The language model is dropped right after loading (on the CPU), so an encode GPU holds only
-    the vision tower and projector.
+    Features leave in the model's dtype (bfloat16 stays bfloat16 on the wire; the LLM casts to its own).
     """
 
     modalities = frozenset({"image"})
 
-    def __init__(self, model_dir: Path, device: str = "cpu"):
-        from transformers import AutoProcessor, LlavaForConditionalGeneration
-        from transformers.utils import logging as hf_logging
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        from transformers import AutoProcessor
 
-        hf_logging.disable_progress_bar()
         self.processor = AutoProcessor.from_pretrained(model_dir)
-        model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
-        model.model.language_model = None
-        model.lm_head = None
-        self.model = model.model.eval().to(device)
-        self.device = device
-        self.hidden_size = model.config.text_config.hidden_size
-        self.image_token_id: int = model.config.image_token_id
+        self.model, config = load_media_side("LlavaForConditionalGeneration", model_dir, device, dtype)
+        self.device, self.dtype = device, dtype
+        self.staging = HostStaging(device)
+        """Device -> host of each batch's features: one copy into a pinned buffer (native/pinned.py)."""
+        self.hidden_size = config.text_config.hidden_size
+        self.image_token_id: int = config.image_token_id
         """The placeholder id in prompts: counting it gives a batch's image tokens before encoding."""
         self.placeholder_ids = frozenset({self.image_token_id})
 
@@ -52,8 +50,8 @@ class LlavaImageEncoder:
         feats: list[torch.Tensor] = []
         if flat:
             pixels = self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"]
-            out = self.model.get_image_features(pixel_values=pixels.to(self.device))
-            feats = [f.to("cpu", torch.float32) for f in out.pooler_output]
+            out = self.model.get_image_features(pixel_values=pixels.to(self.device, self.dtype))
+            feats = self.staging.to_host(list(out.pooler_output))
         per_request = split_per_request(decoded, feats, self.hidden_size)
         media, i = [], 0
         for ims in decoded:

@@ -9,13 +9,16 @@ added to this batch, kept for the metrics: the issue's bound is one engine step 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from coordinator.policies.sm_partition import SMPartition, SMPartitionConfig, TPCSplit
 from coordinator.protocol.colocation import ColocationChannel
 from native.stream_partition import StreamPartition
 
 
+T = TypeVar("T")
 GRACE_S = 0.002
 """Lock hand-over slack: a wait up to this much longer than the step waited on still counts as within it."""
 
@@ -43,7 +46,8 @@ class EncoderGpuShare:
         self.stats = ShareStats()
 
     def claim(self, requests: int, image_tokens: int) -> float:
-        """Blocking (run it in a thread): take the GPU for one micro-batch; returns seconds waited."""
+        """Blocking: take the GPU for one micro-batch and mask the encoder's stream for it (run_batch
+        launches the forward in the same thread); returns seconds waited."""
         gate = self.channel.encoder_enter()
         waited = gate.seconds
         s = self.stats
@@ -61,6 +65,14 @@ class EncoderGpuShare:
             self.channel.publish_split(split.encoder_tpcs, split.prefill_tpcs, split.mode)
             s.last_split = split
         return waited
+
+    def run_batch(self, requests: int, image_tokens: int, work: Callable[[], T]) -> tuple[float, T]:
+        """Blocking (run it in ONE thread): claim the GPU, then run `work` (the encoder's forward) on the
+        encoder's stream, masked for this batch, in the thread that masked it. Returns (seconds waited,
+        what `work` returned); `release` stays the caller's, after it."""
+        waited = self.claim(requests, image_tokens)
+        with self.partition.running():
+            return waited, work()
 
     def release(self, more_batches_waiting: bool) -> None:
         self.channel.encoder_exit(more_batches_waiting)

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from coordinator.protocol.messages import EncodedMedia, Modality
-from encode_node.encoded import EncodedBatch, check_modality, decode_each, split_per_request
+from encode_node.encoded import EncodedBatch, check_modality, decode_each, load_media_side, split_per_request
+from native.pinned import HostStaging
 
 
 def pcm_from_bytes(raw: bytes) -> np.ndarray:
@@ -28,19 +29,15 @@ def pcm_from_bytes(raw: bytes) -> np.ndarray:
 class Qwen2AudioEncoder:
     modalities = frozenset({"audio"})
 
-    def __init__(self, model_dir: Path, device: str = "cpu"):
-        from transformers import AutoFeatureExtractor, Qwen2AudioForConditionalGeneration
-        from transformers.utils import logging as hf_logging
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        from transformers import AutoFeatureExtractor
 
-        hf_logging.disable_progress_bar()
         self.features = AutoFeatureExtractor.from_pretrained(model_dir)
-        model = Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
-        model.model.language_model = None
-        model.lm_head = None
-        self.model = model.model.eval().to(device)
-        self.device = device
-        self.hidden_size = model.config.text_config.hidden_size
-        self.placeholder_ids = frozenset({model.config.audio_token_id})
+        self.model, config = load_media_side("Qwen2AudioForConditionalGeneration", model_dir, device, dtype)
+        self.device, self.dtype = device, dtype
+        self.staging = HostStaging(device)
+        self.hidden_size = config.text_config.hidden_size
+        self.placeholder_ids = frozenset({config.audio_token_id})
 
     @torch.inference_mode()
     def encode(self, items_per_request: list[list[bytes]], modality: Modality = "audio") -> EncodedBatch:
@@ -63,13 +60,13 @@ class Qwen2AudioEncoder:
         fe = self.features
         inputs = fe(clips, sampling_rate=fe.sampling_rate, return_attention_mask=True, padding="max_length",
                     return_tensors="pt")
-        features, mask = inputs["input_features"].to(self.device), inputs["attention_mask"].to(self.device)
+        features, mask = inputs["input_features"].to(self.device, self.dtype), inputs["attention_mask"].to(self.device)
         tower = self.model.audio_tower
         feat_lengths, out_lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
         seq = (features.shape[-1] - 2) // 2 + 1
         valid = (torch.arange(seq, device=self.device)[None, :] < feat_lengths[:, None]).long()
-        attention = create_bidirectional_mask(config=tower.config, attention_mask=valid,
-                                              inputs_embeds=torch.zeros(len(clips), seq, 1, device=self.device))
+        probe = torch.zeros(len(clips), seq, 1, device=self.device, dtype=self.dtype)  # the mask's dtype and shape
+        attention = create_bidirectional_mask(config=tower.config, attention_mask=valid, inputs_embeds=probe)
         hidden = tower(features, attention_mask=attention).last_hidden_state
         projected = self.model.multi_modal_projector(hidden)
-        return [projected[i, : int(n)].to("cpu", torch.float32) for i, n in enumerate(out_lengths)]
+        return self.staging.to_host([projected[i, : int(n)] for i, n in enumerate(out_lengths)])

@@ -10,8 +10,16 @@ import torch
 
 from coordinator.protocol.frames import unpack_frames
 from coordinator.protocol.messages import EncodedMedia, Modality
-from encode_node.encoded import EncodedBatch, check_modality, decode_each, decode_image, split_per_request
+from encode_node.encoded import (
+    EncodedBatch,
+    check_modality,
+    decode_each,
+    decode_image,
+    load_media_side,
+    split_per_request,
+)
 from encode_node.video_patches import video_pixels
+from native.pinned import HostStaging
 
 
 class Qwen2VLEncoder:
@@ -23,20 +31,16 @@ class Qwen2VLEncoder:
 
     modalities = frozenset({"image", "video"})
 
-    def __init__(self, model_dir: Path, device: str = "cpu"):
-        from transformers import AutoImageProcessor, Qwen2VLForConditionalGeneration
-        from transformers.utils import logging as hf_logging
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        from transformers import AutoImageProcessor
 
-        hf_logging.disable_progress_bar()
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
-        model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
-        model.model.language_model = None
-        model.lm_head = None
-        self.model = model.model.eval().to(device)
-        self.device = device
-        self.hidden_size = model.config.text_config.hidden_size
-        self.merge = model.config.vision_config.spatial_merge_size
-        self.placeholder_ids = frozenset({model.config.image_token_id, model.config.video_token_id})
+        self.model, config = load_media_side("Qwen2VLForConditionalGeneration", model_dir, device, dtype)
+        self.device, self.dtype = device, dtype
+        self.staging = HostStaging(device)
+        self.hidden_size = config.text_config.hidden_size
+        self.merge = config.vision_config.spatial_merge_size
+        self.placeholder_ids = frozenset({config.image_token_id, config.video_token_id})
 
     @torch.inference_mode()
     def encode(self, items_per_request: list[list[bytes]], modality: Modality = "image") -> EncodedBatch:
@@ -54,8 +58,8 @@ class Qwen2VLEncoder:
         feats: list[torch.Tensor] = []
         if pixels is not None:
             get = self.model.get_image_features if modality == "image" else self.model.get_video_features
-            out = get(pixels.to(self.device), grids.to(self.device))
-            feats = [f.to("cpu", torch.float32) for f in out.pooler_output]
+            out = get(pixels.to(self.device, self.dtype), grids.to(self.device))
+            feats = self.staging.to_host(list(out.pooler_output))
         media, i = [], 0
         for items in decoded:
             n = len(items or [])

@@ -13,7 +13,7 @@ ENCODERS: dict[str, str] = {
     "qwen2_vl": "encode_node.qwen2_vl_encoder:Qwen2VLEncoder",
     "qwen2_audio": "encode_node.qwen2_audio_encoder:Qwen2AudioEncoder",
 }
-"""model_type -> "module:class"; each class takes (model_dir, device) and implements `Encoder`."""
+"""model_type -> "module:class"; each class takes (model_dir, device, torch dtype) and implements `Encoder`."""
 
 
 def model_type(model_dir: Path) -> str:
@@ -25,9 +25,12 @@ def model_type(model_dir: Path) -> str:
                          "transformers checkpoint directory") from None
 
 
-def make_encoder(model_dir: Path, device: str = "cpu") -> Encoder:
+def make_encoder(model_dir: Path, device: str = "cpu", dtype: str = "float32") -> Encoder:
+    """The checkpoint's encoder on `device` in `dtype` (a torch dtype name)."""
+    import torch
+
     kind = model_type(model_dir)
     if kind not in ENCODERS:
         raise ValueError(f"no encoder for model_type {kind!r} ({model_dir}); supported: {sorted(ENCODERS)}")
     module, cls = ENCODERS[kind].split(":")
-    return getattr(importlib.import_module(module), cls)(Path(model_dir), device)
+    return getattr(importlib.import_module(module), cls)(Path(model_dir), device, getattr(torch, dtype))

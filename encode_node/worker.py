@@ -6,6 +6,11 @@ run the encoder once for the whole batch in a thread (so heartbeats keep flowing
 request send its embeddings to the prefill-capable LLM worker routing.py picks and tell that worker
 on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis at most once a
 second.
+
+On SIGTERM with `drain_timeout_s` (a plan switch or rolling restart retiring it) the worker drains like an LLM
+worker: its registry record says draining, so the coordinator's dispatch (registry.alive) queues nothing new
+for it; it finishes the micro-batches on its stream and those the dispatcher still held for it (a batch
+policy holds a request at most `max_wait_s`, so the stream must stay empty that long), then stops.
 """
 
 from __future__ import annotations
@@ -22,29 +27,33 @@ from redis.asyncio import Redis
 
 from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.colocation import ColocationChannel, channel_path
+from coordinator.protocol.delivery import DeliveryError, deliver
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import (
     EncodeBatch,
     EncodedMedia,
     EncodeJob,
     PrefillJob,
-    TokenEvent,
     WorkerInfo,
 )
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry, WorkerStatus
-from coordinator.protocol.streams import JobStream, publish_tokens, push_job
+from coordinator.protocol.roles import PREFILLING
+from coordinator.protocol.streams import JobStream, event_for, hand_over, publish_tokens, reply_key
 from encode_node.config import EncodeWorkerConfig
 from encode_node.encoded import Encoder
 from encode_node.gpu_share import EncoderGpuShare
 from encode_node.routing import RequestRouter, Targets
+from native.nvml import GpuTelemetry
 from native.stream_partition import StreamPartition
 from transport.registry import make_sender
 
 log = logging.getLogger(__name__)
-PREFILL_ROLES = frozenset({"prefill", "combined"})
 POLICY_REFRESH_S = 1.0
+DRAIN_POLL_S = 0.05
+DRAIN_QUIET_MARGIN_S = 0.5
+"""A draining worker stops once its stream has been empty for the batch policy's max_wait_s plus this."""
 
 
 class EncodeWorker:
@@ -55,7 +64,7 @@ class EncodeWorker:
         self.encoder = encoder
         self.registry = WorkerRegistry(redis, self.keys, cfg.heartbeat_ttl_s)
         self.jobs = JobStream(redis, self.keys, cfg.worker_id)
-        self.sender = make_sender(cfg.transport)
+        self.sender = make_sender(cfg.transport, **cfg.sender_options())
         self.in_flight = 0
         self.queued_batches = 0
         """Micro-batches released to this worker but not taken yet, as last counted (a metric)."""
@@ -63,23 +72,64 @@ class EncodeWorker:
         self.channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.worker_id))
         self.share = EncoderGpuShare(self.channel, StreamPartition(cfg.device, "encoder"))
         self._policy_read = -POLICY_REFRESH_S
-
-    def info(self) -> WorkerInfo:
-        return WorkerInfo(
-            worker_id=self.cfg.worker_id, role="encode", tier=self.cfg.tier, host=socket.gethostname(),
-            pid=os.getpid(), model=self.cfg.model_name, started_at=time.time(),
+        self.batch_max_wait_s = PolicyConfig().batch.max_wait_s
+        """The dispatcher's longest hold of a request (BatchPolicyConfig.max_wait_s), as last read."""
+        self.telemetry = GpuTelemetry(cfg.device)
+        """NVML readings of this worker's GPU for its heartbeats (native/nvml.py); none on a CPU."""
+        self.info = WorkerInfo(
+            worker_id=cfg.worker_id, role="encode", tier=cfg.tier, host=socket.gethostname(),
+            pid=os.getpid(), model=cfg.model_name, started_at=time.time(),
+            device=f"{cfg.device} {cfg.dtype}", gpu_telemetry=self.telemetry.reason,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.jobs.open()
-        await self.fail_entries(await self.jobs.stranded(), "the encode worker restarted before finishing it")
-        async with Presence(self.registry, self.info(), lambda: self.in_flight, stats=self.stats):
-            await supervise([forever("encode", self.encode_once, stop)], stop)
-        await self.fail_entries(await self.jobs.unread(), f"encode worker {self.cfg.worker_id} stopped")
+        """Serve until `stop`. Requests this worker holds when it stops (or dies) are not failed here: the
+        coordinator sees this instance leave the registry and re-runs them on a live encode worker."""
+        dropped = await self.jobs.open()
+        if dropped:
+            log.warning("dropped jobs an earlier process of this worker left; the coordinator re-runs them",
+                        extra={"entries": dropped})
+        async with Presence(self.registry, self.info, lambda: self.in_flight, stats=self.stats) as presence:
+            halt = asyncio.Event()
+            drain = asyncio.create_task(self.drain_on(stop, halt, presence))
+            await supervise([forever("encode", self.encode_once, halt)], halt)
+            drain.cancel()
+            await presence.leave()  # from here the coordinator re-runs what this worker still holds
         await self.jobs.delete()
         await self.sender.close()
         self.channel.encoder_exit(False)
         self.channel.close()
+
+    async def drain_on(self, stop: asyncio.Event, halt: asyncio.Event, presence: Presence) -> None:
+        """When `stop` comes, drain (cfg.drain_timeout_s): take no new work, finish what was released here, and
+        halt once nothing is held and the stream has stayed empty past the dispatcher's longest hold, or the
+        time is up (the coordinator re-runs what is left)."""
+        await stop.wait()
+        if self.cfg.drain_timeout_s > 0:
+            await presence.drain()
+            self._policy_read = float("-inf")
+            with contextlib.suppress(Exception):  # the current max_wait_s; the last one read otherwise
+                await self.refresh_policy()
+            await self.announce_if_idle()  # work-conserving policies release what they hold for it now
+            now = time.monotonic()
+            deadline, quiet_since = now + self.cfg.drain_timeout_s, None
+            while now < deadline:
+                try:
+                    busy = self.in_flight > 0 or await self.redis.xlen(self.jobs.key) > 0
+                except Exception as e:  # Redis hiccup: keep draining until it answers or the time is up
+                    log.warning("drain cannot read the job stream", extra={"error": str(e)})
+                    busy = True
+                if busy:
+                    quiet_since = None
+                elif quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since >= self.batch_max_wait_s + DRAIN_QUIET_MARGIN_S:
+                    break
+                await asyncio.sleep(DRAIN_POLL_S)
+                now = time.monotonic()
+            log.info("drained" if now < deadline else "drain timed out; the coordinator re-runs the rest",
+                     extra={"held": self.in_flight})
+        halt.set()
 
     async def encode_once(self) -> None:
         """One stream entry is one micro-batch, as the coordinator's dispatch policy formed it."""
@@ -109,10 +159,6 @@ class EncodeWorker:
         except Exception as e:
             log.warning("could not announce an idle encoder", extra={"error": str(e)})
 
-    async def fail_entries(self, entries: list, reason: str) -> None:
-        await self.fail([j for _, job in entries for j in _jobs_of(job)], reason)
-        await self.jobs.ack(*[entry_id for entry_id, _ in entries])
-
     async def encode_and_forward(self, jobs: list[EncodeJob]) -> None:
         media = await self.fetch_media(jobs)
         ok = [(j, m) for j, m in zip(jobs, media) if m is not None]
@@ -122,11 +168,18 @@ class EncodeWorker:
         await self.refresh_policy()
         tokens = sum(t in self.encoder.placeholder_ids for j, _ in ok for t in j.prompt_token_ids)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_dequeued")}), m) for j, m in ok]
-        try:
-            await asyncio.to_thread(self.share.claim, len(ok), tokens)  # waits out a stolen step, if one runs
-            ok = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in ok]
-            batch = await asyncio.to_thread(self.encoder.encode, [m for _, m in ok], ok[0][0].modality)
+        def encode(jobs=ok):  # after the claim, in its thread: the forward runs on the stream it masked
+            jobs = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in jobs]
+            return jobs, self.encoder.encode([m for _, m in jobs], jobs[0][0].modality)
+
+        # Where the embeddings can go is read while the encoder runs, not after it: two Redis round trips off
+        # every request's critical path (the view is then as old as one forward, as routing already allows).
+        scan = asyncio.ensure_future(self.registry.alive(PREFILLING))
+        scan.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure unread on an early exit
+        try:  # waits out a stolen step, if one runs
+            _, (ok, batch) = await asyncio.to_thread(self.share.run_batch, len(ok), tokens, encode)
         except Exception as e:
+            scan.cancel()
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
@@ -138,7 +191,7 @@ class EncodeWorker:
         for (j, _), err in zip(ok, batch.errors):
             if err is not None:
                 await self.fail([j], err)
-        targets = Targets.sort(await self.registry.alive(PREFILL_ROLES), self.cfg.worker_id)
+        targets = Targets.sort(await scan, self.cfg.worker_id)
         held = self.channel.stolen_held() + (await self.redis.xlen(self.keys.jobs(targets.steal[0].info.worker_id))
                                              if targets.steal else 0)
         now = time.monotonic()
@@ -146,7 +199,10 @@ class EncodeWorker:
         chosen = [(j, emb, media, self.router.choose(j, targets, now))
                   for (j, _), emb, media in zip(ok, batch.per_request, batch.media) if emb is not None]
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
-        await asyncio.gather(*(self.forward(j, emb, media, batch.seconds, target) for j, emb, media, target in chosen))
+        # The fallbacks if a chosen worker fails: remote workers, least loaded first (never a stealing one).
+        others = sorted(targets.remote or targets.local, key=lambda w: w.load)
+        await asyncio.gather(*(self.forward(j, emb, media, batch.seconds, target, others)
+                               for j, emb, media, target in chosen))
 
     async def pending_batches(self) -> int:
         """Micro-batches queued behind the one being encoded (entries are deleted when acked); 0 when
@@ -180,35 +236,39 @@ class EncodeWorker:
         if raw:
             policy = PolicyConfig.model_validate_json(raw)
             self.share.config = policy.partition
+            self.batch_max_wait_s = policy.batch.max_wait_s
             if self.router.configure(policy):
                 log.info("policy changed", extra={"s": policy.offload.s, "stealing": policy.stealing.enabled})
 
     def stats(self) -> dict[str, float]:
-        return self.router.stats() | self.share.metrics() | {"encode_queue_batches": float(self.queued_batches)}
+        return (self.router.stats() | self.share.metrics() | {"encode_queue_batches": float(self.queued_batches)}
+                | self.telemetry.read())
 
     async def forward(self, job: EncodeJob, emb: torch.Tensor, media: list[EncodedMedia], encode_s: float,
-                      target: WorkerStatus | None) -> None:
+                      target: WorkerStatus | None, others: list[WorkerStatus]) -> None:
         if target is None:
             await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")
             return
         t0 = time.perf_counter()
-        try:
-            descs = await self.sender.send(target.info.transport_address, job.request_id, {"mm_embeds": emb})
-        except Exception as e:
-            await self.fail([job], f"sending embeddings to {target.info.worker_id} failed: {e}")
+        try:  # the chosen worker first; if it fails (died, hangs), the least loaded of the others
+            target, descs = await deliver(self.sender, [target, *[w for w in others if w is not target]],
+                                          job.request_id, {"mm_embeds": emb}, lambda ws: ws[0] if ws else None)
+        except DeliveryError as e:
+            await self.fail([job], f"sending embeddings failed: {e}")
             return
         timing = job.timing.mark("embeddings_sent", encode_s=encode_s, transfer_s=time.perf_counter() - t0)
         prefill = PrefillJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
-            arrival=job.arrival, timing=timing, embeddings=descs, media=media,
+            arrival=job.arrival, timing=timing, embeddings=descs, media=media, attempt=job.attempt,
+            reply_to=job.reply_to, output_token_ids=job.output_token_ids,
         )
-        await push_job(self.redis, self.keys, target.info.worker_id, prefill)
+        await hand_over(self.redis, self.keys, target.info.holder, prefill, reply_key(self.keys, job))
 
     async def fail(self, jobs: list[EncodeJob], reason: str) -> None:
         if jobs:
             log.error("requests failed", extra={"requests": [j.request_id for j in jobs], "reason": reason})
-            await publish_tokens(self.redis, self.keys, [
-                (j.request_id, TokenEvent(finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
+            await publish_tokens(self.redis, [
+                (reply_key(self.keys, j), event_for(j, finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
                 for j in jobs
             ])
 

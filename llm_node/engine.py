@@ -13,86 +13,19 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
 import torch
 
-from coordinator.protocol.messages import EncodedMedia, SamplingParams
+from coordinator.protocol.logprobs import TokenLogprobs
 from llm_node.detokenizer import IncrementalDetokenizer
+from llm_node.engine_api import EngineRequest, StepOutput
+from llm_node.engine_config import EngineConfig
 from llm_node.kv import SequenceKV
 from llm_node.model_runner import ModelRunner
 from llm_node.preemption import Preempted, PrefillPreemption
-from llm_node.sampling import sample
+from llm_node.sampling import sample, token_logprobs
 from llm_node.scheduler import Scheduler, StepPlan
 from llm_node.sequence import Sequence
-
-EngineRole = Literal["combined", "prefill", "decode"]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    role: EngineRole = "combined"
-    """combined: prefill and decode here; prefill: hand each request off after its first token;
-    decode: take requests with imported KV and decode them."""
-    max_num_seqs: int = 16
-    """Most sequences running at once (prefilling or decoding)."""
-    max_num_batched_tokens: int = 4096
-    """Most tokens one step's forwards process (prompt tokens of its prefills + one per decode);
-    also the longest prompt accepted, as there is no chunked prefill."""
-
-    def __post_init__(self) -> None:
-        if self.role not in get_args(EngineRole):
-            raise ValueError(f"role={self.role!r}: must be one of {get_args(EngineRole)}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= max_num_seqs={self.max_num_seqs}"
-            )
-
-
-@dataclass
-class EngineRequest:
-    """A request entering an engine."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling: SamplingParams
-    mm_embeddings: torch.Tensor | None = None
-    """[n_placeholder_tokens, hidden], filling the prompt's placeholder positions in order (prefill, combined)."""
-    media: list[EncodedMedia] = field(default_factory=list)
-    """Per media item: its rows of mm_embeddings and its grid (M-RoPE positions); prefill, combined."""
-    rope_delta: int = 0
-    """Decode role only: the M-RoPE delta the prefill worker computed (DecodeJob.rope_delta)."""
-    kv: torch.Tensor | None = None
-    """Decode role only: the exported cache [layers, 2, kv_heads, L, head_dim], L = prompt + outputs - 1."""
-    output_token_ids: list[int] = field(default_factory=list)
-    """Decode role only: tokens already produced (and streamed) by the prefill worker."""
-
-
-@dataclass
-class StepOutput:
-    """What one step did for one request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    """Detokenized text delta (never a split character; a matched stop string is not included)."""
-    logits: list[torch.Tensor] = field(default_factory=list)
-    """float32 [vocab] per new token, only with sampling.return_logits."""
-    finished: bool = False
-    """The request is complete; False on a hand-off, which continues on a decode worker."""
-    finish_reason: Literal["stop", "length", "abort"] | None = None
-    handoff_kv: torch.Tensor | None = None
-    """Prefill role: the request continues elsewhere; its KV cache [layers, 2, kv_heads, L, head_dim]."""
-    handoff_rope_delta: int = 0
-    """Prefill role: the rope delta that travels with handoff_kv (positions of generated tokens)."""
-    prefill_s: float = 0.0
-    """Wall seconds of this step if it produced the request's first token (the whole batched step,
-    which the request waited for); sum over outputs for the total (Sequence.prefill_s keeps it)."""
-    decode_s: float = 0.0
-    """Wall seconds of this step if the request decoded in it, likewise."""
-
 
 @dataclass
 class ExecuteOutput:
@@ -134,6 +67,9 @@ class ReferenceEngine:
 
     def add(self, request: EngineRequest) -> None:
         """Queue a request; raises ValueError (and keeps nothing) when it cannot run on this engine."""
+        if request.kv_transfer_params is not None:
+            raise ValueError(f"request {request.request_id!r} was prefilled by a vLLM engine (kv_transfer_params); "
+                             "the reference engine decodes only KV caches sent over our transport")
         self._check(request)
         seq = Sequence(
             request_id=request.request_id,
@@ -144,6 +80,12 @@ class ReferenceEngine:
         )
         if request.kv is None:
             seq.positions, seq.rope_delta = self.runner.prompt_positions(seq.prompt_ids, request.media)
+            if request.output_token_ids:  # a resumed run: prefill the prompt and the tokens already streamed
+                seq.output_ids = list(request.output_token_ids)
+                seq.positions = self.runner.extend_positions(seq.positions, len(seq.prompt_ids), len(seq.output_ids),
+                                                             seq.rope_delta)
+                for token in seq.output_ids:
+                    seq.detokenizer.push([token])
         else:
             seq.rope_delta = request.rope_delta
             seq.mm_embeddings = None
@@ -160,27 +102,31 @@ class ReferenceEngine:
             raise ValueError(f"request {r.request_id!r} is already in this engine")
         if not r.prompt_token_ids:
             raise ValueError(f"request {r.request_id!r}: empty prompt")
+        self.runner.check_token_ids([*r.prompt_token_ids, *r.output_token_ids], f"request {r.request_id!r}")
         total = len(r.prompt_token_ids) + r.sampling.max_tokens
         if self.max_model_len is not None and total > self.max_model_len:
             raise ValueError(
                 f"request {r.request_id!r}: prompt {len(r.prompt_token_ids)} + max_tokens {r.sampling.max_tokens}"
                 f" exceeds the model's {self.max_model_len} positions"
             )
+        if n_out >= r.sampling.max_tokens:
+            raise ValueError(f"request {r.request_id!r}: {n_out} tokens already reach max_tokens")
         if role == "decode":
             if r.kv is None or n_out == 0:
                 raise ValueError(f"request {r.request_id!r}: a decode engine needs kv and output_token_ids")
-            if n_out >= r.sampling.max_tokens:
-                raise ValueError(f"request {r.request_id!r}: {n_out} tokens already reach max_tokens")
             self.runner.layout.check(r.kv, len(r.prompt_token_ids) + n_out - 1, f"request {r.request_id!r} kv")
+            _check_finite(r.kv, f"request {r.request_id!r}: the KV cache")
             return
-        if r.kv is not None or n_out:
-            raise ValueError(f"request {r.request_id!r}: kv/output_token_ids are only for a decode engine, not {role}")
-        if len(r.prompt_token_ids) > self.config.max_num_batched_tokens:
+        if r.kv is not None:
+            raise ValueError(f"request {r.request_id!r}: kv is only for a decode engine, not {role}")
+        if len(r.prompt_token_ids) + n_out > self.config.max_num_batched_tokens:
             raise ValueError(
-                f"request {r.request_id!r}: prompt of {len(r.prompt_token_ids)} tokens exceeds"
+                f"request {r.request_id!r}: prompt of {len(r.prompt_token_ids) + n_out} tokens exceeds"
                 f" max_num_batched_tokens={self.config.max_num_batched_tokens}"
             )
         self.runner.check_mm(r.prompt_token_ids, r.mm_embeddings, r.media)
+        if r.mm_embeddings is not None:
+            _check_finite(r.mm_embeddings, f"request {r.request_id!r}: the modality embeddings")
 
     def step(self) -> list[StepOutput]:
         plan = self.schedule()
@@ -189,7 +135,46 @@ class ReferenceEngine:
         except Preempted:  # nothing ran to completion: the step is retried as if never scheduled
             self.scheduler.unschedule(plan)
             raise
+        except Exception as e:  # one request's fault must not fail the others in its step
+            return self._fail_culprits(plan, e)
         return self.update(plan, out)
+
+    def _fail_culprits(self, plan: StepPlan, error: Exception) -> list[StepOutput]:
+        """The step failed: run each of its sequences alone (execute changes no sequence state), fail those
+        that fail alone, and put the rest back as if the step had not been scheduled. A failure only the
+        batch shows fails the step's new prefills (the arrivals that made the batch too much) if its
+        decodes run without them, else the whole step; never the engine's other requests."""
+        seqs = [*plan.prefills, *plan.decodes]
+        self.scheduler.unschedule(plan)
+        culprits: dict[str, Exception] = {}
+        if len(seqs) > 1:
+            for seq in seqs:
+                culprits |= self._fails({seq.request_id: seq}, StepPlan(prefills=[seq]) if seq.needs_prefill
+                                        else StepPlan(decodes=[seq]))
+            if not culprits and plan.prefills and plan.decodes:
+                culprits = {s.request_id: error for s in plan.prefills} if not self._fails(
+                    {"decodes": plan.decodes[0]}, StepPlan(decodes=plan.decodes)) else {}
+        if not culprits:
+            culprits = {s.request_id: error for s in seqs}
+        outputs = []
+        for rid, cause in culprits.items():
+            seq = self.scheduler.abort(rid)
+            if seq is not None:
+                seq.finish_reason = "error"
+            outputs.append(StepOutput(request_id=rid, new_token_ids=[], new_text="", finished=True,
+                                      finish_reason="error", error=f"the engine failed on this request: "
+                                      f"{type(cause).__name__}: {cause}"))
+        return outputs
+
+    def _fails(self, label: dict, plan: StepPlan) -> dict[str, Exception]:
+        """{label key: the exception} if `plan` fails when executed, else {} (Preempted passes through)."""
+        try:
+            self.execute(plan)
+        except Preempted:
+            raise
+        except Exception as e:
+            return {k: e for k in label}
+        return {}
 
     def schedule(self) -> StepPlan:
         return self.scheduler.schedule()
@@ -201,7 +186,7 @@ class ReferenceEngine:
             start = time.perf_counter()
             with self.preemption.prefill() if self.preemption is not None else nullcontext():
                 result = self.runner.prefill(
-                    [s.prompt_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills],
+                    [s.prefill_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills],
                     [s.positions for s in plan.prefills],
                 )
             out.prefill_tokens = self._sample(result.logits, plan.prefills)
@@ -228,21 +213,24 @@ class ReferenceEngine:
         # Every sequence in the step waits for the whole step (its prefills and its decodes), so each
         # is charged the step's full wall time: the latency view, which overhead = e2e - compute needs.
         step_s = out.prefill_s + out.decode_s
+        prefill_lps = _logprobs(out.prefill_logits, out.prefill_tokens, plan.prefills)
+        decode_lps = _logprobs(out.decode_logits, out.decode_tokens, plan.decodes)
         for i, seq in enumerate(plan.prefills):
             seq.kv, seq.mm_embeddings, seq.positions = out.prefill_kvs[i], None, None
             seq.prefill_s += step_s
-            output = self._advance(seq, out.prefill_tokens[i], out.prefill_logits[i], was_prefill=True)
+            output = self._advance(seq, out.prefill_tokens[i], out.prefill_logits[i], prefill_lps[i], was_prefill=True)
             output.prefill_s = step_s
             outputs.append(output)
         for i, seq in enumerate(plan.decodes):
             seq.kv.append(out.decode_new_kv[:, :, i])
             seq.decode_s += step_s
-            output = self._advance(seq, out.decode_tokens[i], out.decode_logits[i], was_prefill=False)
+            output = self._advance(seq, out.decode_tokens[i], out.decode_logits[i], decode_lps[i], was_prefill=False)
             output.decode_s = step_s
             outputs.append(output)
         return outputs
 
-    def _advance(self, seq: Sequence, token: int, logits: torch.Tensor, was_prefill: bool) -> StepOutput:
+    def _advance(self, seq: Sequence, token: int, logits: torch.Tensor, logprobs: TokenLogprobs | None,
+                 was_prefill: bool) -> StepOutput:
         """Append the token, detokenize, decide whether the sequence finishes or leaves."""
         seq.output_ids.append(token)
         step_logits = []
@@ -259,9 +247,11 @@ class ReferenceEngine:
             new_token_ids=[token],
             new_text=text,
             logits=step_logits,
+            logprobs=[logprobs] if logprobs is not None else [],
             finished=reason is not None,
             finish_reason=reason,
             handoff_kv=seq.kv.export() if handoff else None,
+            handoff_output_ids=list(seq.output_ids) if handoff else [],
             handoff_rope_delta=seq.rope_delta if handoff else 0,
         )
 
@@ -275,3 +265,15 @@ class ReferenceEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+
+def _logprobs(logits: torch.Tensor | None, tokens: list[int], seqs: list[Sequence]) -> list[TokenLogprobs | None]:
+    """Per sequence of one forward, its token's log-probabilities if its request asked for them."""
+    if logits is None:
+        return [None] * len(seqs)
+    return token_logprobs(logits, tokens, [s.sampling for s in seqs])
+
+
+def _check_finite(t: torch.Tensor, what: str) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{what} hold NaN or infinite values; the sender produced a broken tensor")

@@ -53,7 +53,8 @@ class LLMGpuShare:
             if split.seq != self._split_seq:
                 self._split_seq = split.seq
                 self.partition.apply(TPCSplit(split.encoder_tpcs, split.prefill_tpcs, split.mode))  # type: ignore[arg-type]
-            return step()
+            with self.partition.running():  # on this worker's own masked stream, in the thread that masked it
+                return step()
         if not self.channel.step_begin():
             self.deferred += 1
             return None

@@ -12,6 +12,7 @@ cache length, or for M-RoPE the prompt's 3-D positions and cache length + the se
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,10 @@ class ModelRunner:
         self.layout = KVLayout.from_config(model.config, model.dtype)
         self.device = model.device
         self.hidden_size = model.get_input_embeddings().embedding_dim
+        params = inspect.signature(self.arch.language_model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        """The decoder's name for its KV cache argument: transformers renamed past_key_values to cache, and an
+        unknown keyword is swallowed by **kwargs (the cache then stays empty), so it is looked up, not assumed."""
 
     def check_mm(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None,
                  media: list[EncodedMedia] | None = None) -> None:
@@ -69,6 +74,22 @@ class ModelRunner:
                 f"but {rows} modality embedding rows were given"
             )
         return positions
+
+    def check_token_ids(self, ids: list[int], what: str) -> None:
+        """Raise ValueError unless every id is a row of the embedding table (ids come off a Redis stream)."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"{what}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+
+    def extend_positions(self, positions: torch.Tensor | None, n_prompt: int, n_more: int,
+                         rope_delta: int) -> torch.Tensor | None:
+        """The prompt's positions followed by those of `n_more` generated tokens (index + rope delta, as
+        decode places them); None stays None (plain 0..L-1 positions)."""
+        if positions is None:
+            return None
+        extra = torch.arange(n_prompt, n_prompt + n_more, dtype=positions.dtype) + rope_delta
+        return torch.cat([positions, extra.expand(positions.shape[0], n_more)], dim=1)
 
     def prompt_positions(self, prompt_ids: list[int], media: list[EncodedMedia]) -> tuple[torch.Tensor | None, int]:
         """The prompt's position ids ([axes, L], None for 0..L-1) and the rope delta of its generated tokens."""
@@ -102,7 +123,8 @@ class ModelRunner:
         position_ids = self._prefill_positions(positions or [None] * batch, lengths, t_max)
         cache = DynamicCache(config=self.config)
         out = self.arch.language_model(
-            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True
+            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids, use_cache=True,
+            **{self._cache_kw: cache},
         )
         last = torch.tensor(lengths, device=self.device) - 1
         hidden = out.last_hidden_state[torch.arange(batch, device=self.device), last]
@@ -134,8 +156,8 @@ class ModelRunner:
             inputs_embeds=inputs,
             attention_mask=batch.attention_mask,
             position_ids=position_ids,
-            cache=batch.cache,
             use_cache=True,
+            **{self._cache_kw: batch.cache},
         )
         logits = self.model.lm_head(out.last_hidden_state[:, -1]).float()
         return DecodeResult(logits=logits, new_kv=new_positions(batch.cache))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from coordinator.protocol.logprobs import TokenLogprobs
 from coordinator.protocol.messages import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -43,7 +44,9 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         return probs
     sorted_probs, order = probs.sort(descending=True)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    drop = mass_before >= top_p
+    drop[..., 0] = False  # explicitly: a top_p below float32's range (1e-112) compares as 0 and would drop it
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
@@ -70,3 +73,25 @@ def sample(
         probs = top_p_filter(probs, p.top_p)
         tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
     return tokens
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], params: Sequence[SamplingParams]
+                   ) -> list[TokenLogprobs | None]:
+    """Each row's chosen token's log-probability and its `params[i].logprobs` most likely tokens; None for
+    rows that did not ask. Taken from the raw logits the token was sampled from (log_softmax in float32,
+    before temperature and top_p), as vLLM does by default: they describe the model, not the sampler."""
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    out: list[TokenLogprobs | None] = [None] * len(params)
+    if not rows:
+        return out
+    index = torch.tensor(rows, device=logits.device)
+    logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in rows], device=logits.device))[:, 0].tolist()
+    k = max(params[i].logprobs for i in rows)
+    top = logprobs.topk(k, dim=-1)
+    top_values, top_ids = top.values.tolist(), top.indices.tolist()
+    for n, i in enumerate(rows):
+        want = params[i].logprobs
+        out[i] = TokenLogprobs(token_id=tokens[i], logprob=chosen[n],
+                               top=tuple(zip(top_ids[n][:want], top_values[n][:want])))
+    return out

@@ -16,12 +16,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
+from llm_node.engine_config import EngineConfig
 from llm_node.sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from llm_node.engine import EngineConfig
 
 
 @dataclass
@@ -42,7 +38,7 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         """Tokens the step's forwards process."""
-        return sum(s.num_prompt_tokens for s in self.prefills) + len(self.decodes)
+        return sum(len(s.prefill_ids) for s in self.prefills) + len(self.decodes)
 
 
 class Scheduler:
@@ -62,7 +58,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens - len(plan.decodes)
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            cost = seq.num_prompt_tokens if seq.needs_prefill else 1
+            cost = len(seq.prefill_ids) if seq.needs_prefill else 1
             if cost > budget:
                 break
             self.waiting.popleft()

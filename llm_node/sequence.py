@@ -64,6 +64,12 @@ class Sequence:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 
+    @property
+    def prefill_ids(self) -> list[int]:
+        """What a prefill of this sequence runs over: the prompt, plus the tokens an earlier run already
+        produced when this one resumes it (then the next token follows them)."""
+        return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
+
     def next_generator(self) -> torch.Generator:
         """The generator for the next output token (re-seeded per index when the request has a seed)."""
         return reseed_for_index(self.generator, self.sampling.seed, len(self.output_ids))

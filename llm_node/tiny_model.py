@@ -125,8 +125,23 @@ def generate(out: Path, vocab_size: int = 1024, seed: int = 0, std: float = 0.15
         len(tokenizer), ids("<image>"), ids("<pad>"), ids("</s>"), ids("<s>"), seed, std, text_hidden, text_layers,
     )
     model.save_pretrained(out, safe_serialization=True)
+    _nest_vision_tower(out / "model.safetensors")
     processor.save_pretrained(out)
     return out
+
+
+def _nest_vision_tower(path: Path) -> None:
+    """Store the CLIP tower under `vision_tower.vision_model.`, as hub LLaVA checkpoints do: transformers
+    loads either layout, vLLM's LLaVA only that one."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    prefix, nested = "vision_tower.", "vision_tower.vision_model."
+    weights = {nested + k[len(prefix):] if k.startswith(prefix) and not k.startswith(nested) else k: v
+               for k, v in load_file(path).items()}
+    save_file(weights, path, metadata=metadata)
 
 
 def main(argv: list[str] | None = None) -> int:

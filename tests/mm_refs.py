@@ -18,7 +18,11 @@ from media_factory import image_bytes
 from PIL import Image
 
 from coordinator.protocol.frames import pack_frames
+from coordinator.protocol.messages import EncodedMedia
+from coordinator.protocol.models import QWEN2_AUDIO_DIR, QWEN2_VL_DIR
+from encode_node.registry import make_encoder
 from encode_node.video_patches import video_pixels
+from llm_node.architectures import load_model
 
 
 @dataclass
@@ -99,3 +103,72 @@ def qwen2_audio_ref(model, processor, name: str, text: str, n: int, clips: list[
     raws = [a.astype("<f4").tobytes() for a in audio]
     return MMRef(name, inputs["input_ids"][0].tolist(), "audio" if audio else "text", raws, tokens, logits,
                  {"audio": raws})
+
+
+@dataclass
+class Arch:
+    model: object
+    tokenizer: object
+    refs: list[MMRef]
+    embeds: dict[str, tuple[torch.Tensor | None, list[EncodedMedia]]]
+
+
+def _encode(encoder, ref: MMRef) -> tuple[torch.Tensor | None, list[EncodedMedia]]:
+    """Embeddings the way an encode worker makes them (one modality per encoder call)."""
+    rows, media = [], []
+    for modality in ("image", "video", "audio"):
+        items = ref.raw.get(modality) or []
+        if items:
+            batch = encoder.encode([items], modality)
+            assert batch.errors == [None]
+            rows.append(batch.per_request[0])
+            media += batch.media[0]
+    return (torch.cat(rows) if rows else None), media
+
+
+def vl_arch() -> Arch:
+    """Tiny Qwen2-VL, its generate() references (images, videos, both, text) and the encoder's embeddings."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    torch.set_num_threads(2)
+    model, tok = load_model(QWEN2_VL_DIR), AutoTokenizer.from_pretrained(QWEN2_VL_DIR)
+    ip = AutoImageProcessor.from_pretrained(QWEN2_VL_DIR)
+    refs = [
+        qwen2_vl_ref(model, tok, ip, "one-image", "describe the image", 8, images=[(1, 300, 200)]),
+        qwen2_vl_ref(model, tok, ip, "two-images", "tell me about the two pictures please", 10,
+                     images=[(2, 224, 400), (3, 100, 100)]),
+        qwen2_vl_ref(model, tok, ip, "video", "what happens", 9, videos=[(4, 3, 120, 160)]),
+        qwen2_vl_ref(model, tok, ip, "text-only", "what is this", 5),
+        qwen2_vl_ref(model, tok, ip, "image-and-video", "compare the picture with the video at the left", 7,
+                     images=[(5, 90, 150)], videos=[(6, 4, 60, 90)]),
+        qwen2_vl_ref(model, tok, ip, "same-size-video", "what happens", 9, videos=[(8, 3, 120, 160)]),
+        qwen2_vl_ref(model, tok, ip, "same-size-image", "describe the image", 8, images=[(7, 300, 200)]),
+    ]
+    encoder = make_encoder(QWEN2_VL_DIR)
+    return Arch(model, tok, refs, {r.name: _encode(encoder, r) for r in refs})
+
+
+def audio_arch() -> Arch:
+    """Tiny Qwen2-Audio, its generate() references and the encoder's embeddings."""
+    from transformers import AutoProcessor
+
+    model, processor = load_model(QWEN2_AUDIO_DIR), AutoProcessor.from_pretrained(QWEN2_AUDIO_DIR)
+    refs = [
+        qwen2_audio_ref(model, processor, "one-second", "what is this sound", 8, [(1, 1.0)]),
+        qwen2_audio_ref(model, processor, "two-clips", "compare the two sounds please", 10, [(2, 2.56), (3, 0.3)]),
+        qwen2_audio_ref(model, processor, "text-only", "what is this", 5, []),
+        qwen2_audio_ref(model, processor, "long-clip", "describe", 7, [(4, 4.9)]),
+        qwen2_audio_ref(model, processor, "same-length", "what is this sound", 8, [(5, 1.0)]),
+    ]
+    encoder = make_encoder(QWEN2_AUDIO_DIR)
+    return Arch(model, processor.tokenizer, refs, {r.name: _encode(encoder, r) for r in refs})
+
+
+def llava_ref(model, processor, name: str, text: str, sizes: list[tuple[int, int]], n: int, seed: int) -> MMRef:
+    """The tiny LLaVA's generate() on a chat prompt with PNG images of the given (h, w) sizes."""
+    pngs = [image_bytes(seed + i, h, w) for i, (h, w) in enumerate(sizes)]
+    content = [{"type": "image"}] * len(pngs) + [{"type": "text", "text": text}]
+    prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    inputs = processor(text=prompt, images=[_rgb(p) for p in pngs] or None, return_tensors="pt")
+    tokens, logits = _generate(model, inputs, n)
+    return MMRef(name, inputs["input_ids"][0].tolist(), "image" if pngs else "text", pngs, tokens, logits)

@@ -9,10 +9,14 @@ Backends (local, tcp, ucx, nixl: see transport/README.md) implement these two cl
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING
 
 import torch
 
 from transport.wire import TensorDescriptor
+
+if TYPE_CHECKING:
+    from transport.admission import ReceiverStats
 
 
 class TransportError(RuntimeError):
@@ -46,7 +50,11 @@ class EmbeddingReceiver(abc.ABC):
 
     @abc.abstractmethod
     async def discard(self, request_id: str) -> None:
-        """Drop whatever arrived for an aborted request."""
+        """Drop whatever arrived for an aborted request; later transfers for it are refused (for a while)."""
+
+    @abc.abstractmethod
+    def stats(self) -> "ReceiverStats":
+        """A snapshot of what this receiver accepted, refused (by reason) and holds unclaimed."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

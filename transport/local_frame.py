@@ -2,8 +2,9 @@
 
 It lives apart so the byte layout and the socket plumbing can be read in one place, and so sender and
 receiver logic stays about connections and claims, not struct formats. One frame carries one send():
-magic+version, u32 header length, a JSON list of TensorDescriptors, then the raw payloads in descriptor
-order; the reply is one status byte, a u32 length and an error text.
+magic+version, u32 header length, a JSON header (the TensorDescriptors and, when the cluster has a
+secret, their authentication Stamp), then the raw payloads in descriptor order; the reply is one status
+byte, a u32 length and an error text. The receiver checks the header before it reads any payload byte.
 """
 
 from __future__ import annotations
@@ -14,14 +15,24 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from transport.admission import Refused
+from transport.auth import Signer, Stamp, descs_body
 from transport.base import TransportError
-from transport.wire import TensorDescriptor
+from transport.wire import TensorDescriptor, WireError
+
+if TYPE_CHECKING:
+    import torch
+
+    from transport.inbox import Inbox
 
 MAGIC = b"TSRV"
-VERSION = 1
+VERSION = 2
+"""2: the header is an object with the stamp (1 was a bare list of descriptors)."""
 PREFIX = struct.Struct("!4sBI")  # magic, version, header length
 REPLY = struct.Struct("!BI")  # status, error text length
 OK, REJECTED, FATAL = 0, 1, 2  # FATAL: the receiver closes the connection after replying
@@ -29,14 +40,84 @@ MAX_REPLY_TEXT = 4096
 CHUNK = 4 << 20
 """Payloads move in slices of this size: Python 3.11's transport copies unsent bytes into its buffer, so
 slicing bounds that copy; the receiver's stream buffer likewise holds at most two slices, never a frame."""
-DESCS = TypeAdapter(list[TensorDescriptor])
-"""The frame header: parse with DESCS.validate_json, which raises pydantic's ValidationError."""
 
 
-def pack_head(descs: list[TensorDescriptor]) -> bytes:
-    """Prefix and header of a frame; the payloads follow it in descriptor order."""
-    header = DESCS.dump_json(descs)
+class Header(BaseModel):
+    """What a frame announces before its payloads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    descs: list[TensorDescriptor]
+    stamp: Stamp | None = None
+    """HMAC over the descriptors for the receiver at the address sent to (None without a cluster secret)."""
+
+
+class FrameReject(Exception):
+    """A frame the receiver answers with `status` (FATAL: and hangs up) and this text."""
+
+    def __init__(self, text: str, status: int) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+def pack_head(descs: list[TensorDescriptor], signer: Signer | None = None, peer: str = "") -> bytes:
+    """Prefix and header of a frame for the receiver at `peer`; the payloads follow it in descriptor order."""
+    stamp = signer.stamp("send", peer, descs_body(descs)) if signer is not None else None
+    header = Header(descs=descs, stamp=stamp).model_dump_json().encode()
     return PREFIX.pack(MAGIC, VERSION, len(header)) + header
+
+
+def header_length(prefix: bytes, max_header: int) -> int:
+    magic, version, hlen = PREFIX.unpack(prefix)
+    if magic != MAGIC or version != VERSION:
+        raise FrameReject(f"not a tierserve frame: magic {magic!r} v{version}, expected {MAGIC!r} v{VERSION} "
+                          "(are both workers running the same tierserve version?)", FATAL)
+    if hlen > max_header:
+        raise FrameReject(f"header of {hlen} bytes exceeds max_header={max_header}", FATAL)
+    return hlen
+
+
+def parse_header(raw: bytes, max_payload: int, where: str) -> Header:
+    """The header of one frame, checked for shape and size (not yet for authenticity: the inbox does that)."""
+    try:
+        head = Header.model_validate_json(raw)
+    except ValidationError as e:
+        raise FrameReject(f"invalid header: {e.error_count()} errors, first: {e.errors()[0]['msg']}", FATAL) from None
+    descs = head.descs
+    if len({d.request_id for d in descs}) > 1 or len({d.name for d in descs}) != len(descs):
+        raise FrameReject(f"a frame carries distinct tensors of one request, got "
+                          f"{[(d.request_id, d.name) for d in descs]}", FATAL)
+    total = sum(d.nbytes for d in descs)
+    if total > max_payload:
+        raise FrameReject(f"payload of {total} bytes exceeds max_payload={max_payload} of {where}", FATAL)
+    return head
+
+
+async def file_frame(inbox: Inbox, head: Header, read: Callable[[TensorDescriptor], Awaitable[torch.Tensor]]) -> None:
+    """Admit a frame (before any payload byte is read: a refusal hangs up), read each payload with `read`,
+    and file the tensors; a payload that does not match its descriptor is reported after all were read,
+    so the stream stays in step."""
+    try:
+        ticket = inbox.admit(head.descs, head.stamp)
+    except Refused as e:
+        raise FrameReject(str(e), FATAL) from None
+    tensors, errors = {}, []
+    try:
+        for d in head.descs:
+            try:
+                tensors[d.name] = (d, await read(d))
+            # RuntimeError: torch overflows on a zero-byte shape with huge dimensions, e.g. (0, 2**62, 2**62).
+            except (WireError, RuntimeError, ValueError) as e:
+                errors.append(str(e))
+    except BaseException:
+        inbox.release(ticket)
+        raise
+    if errors or not head.descs:
+        inbox.release(ticket)
+    if errors:
+        raise FrameReject("; ".join(errors), REJECTED)
+    if head.descs:
+        inbox.store(ticket, tensors)
 
 
 def pack_reply(status: int, text: str) -> bytes:

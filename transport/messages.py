@@ -11,6 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from transport.auth import Stamp
 from transport.wire import TensorDescriptor
 
 MAX_CONTROL = 1 << 16
@@ -31,6 +32,8 @@ class Offer(_Msg):
     """The sender's UCX worker address (base64); the receiver keeps one endpoint per address."""
     tag: int = Field(ge=0, lt=1 << 64)
     descs: list[TensorDescriptor]
+    stamp: Stamp | None = None
+    """With a cluster secret: the HMAC over descs, tag and reply_to (transport/auth.py)."""
 
 
 class Reply(_Msg):
@@ -49,6 +52,8 @@ class Hello(_Msg):
     kind: Literal["hello"] = "hello"
     metadata: str
     """base64 of nixl_agent.get_agent_metadata()."""
+    stamp: Stamp | None = None
+    """With a cluster secret: the HMAC over the metadata; without a good one the receiver grants nothing."""
 
 
 class Grant(_Msg):
@@ -62,6 +67,9 @@ class Grant(_Msg):
     """First block of the grant."""
     blocks: int
     error: str = ""
+    max_request: int = 0
+    """The receiver's max_request_bytes (0: not said), so the sender refuses a bigger send itself, with the
+    reason: a one-sided WRITE gets no reply the receiver could refuse it in."""
 
 
 class Written(_Msg):
@@ -72,6 +80,8 @@ class Written(_Msg):
     descs: list[TensorDescriptor]
     starts: list[int]
     """First pool block of each tensor (zero-size tensors take none; their entry is ignored)."""
+    stamp: Stamp | None = None
+    """With a cluster secret: the HMAC over descs and starts; without a good one nothing is filed."""
 
 
 class Credit(_Msg):
@@ -86,6 +96,8 @@ class Bye(_Msg):
     """nixl: a sender closing (its grant can be reused), or a receiver closing (stop writing to it)."""
 
     kind: Literal["bye"] = "bye"
+    stamp: Stamp | None = None
+    """From a sender, with a cluster secret: without a good one the receiver keeps the grant."""
 
 
 Message = Annotated[Union[Offer, Reply, Hello, Grant, Written, Credit, Bye], Field(discriminator="kind")]

@@ -10,7 +10,9 @@ claims the tensors (transport/inbox.py). The receiver gives blocks back with Cre
 sender whose grant is full waits for them (back-pressure), up to its timeout.
 
 First contact: Hello (our metadata) -> Grant (where in the pool, how much); after a failure the link is
-dropped and the next send starts over, which makes the receiver revoke the old grant.
+dropped and the next send starts over, which makes the receiver revoke the old grant. With a cluster
+secret, Hello, Written and Bye carry an HMAC stamp (transport/auth.py): the receiver grants, files and
+revokes nothing for a message without a good one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from transport.auth import Signer, descs_body
 from transport.base import EmbeddingSender, TransportError
 from transport.checksum import OFF_LOOP, crc32
 from transport.messages import (
@@ -37,7 +40,7 @@ from transport.messages import (
     pack,
     unpack,
 )
-from transport.nixl_agent import NixlAgent, parse_address
+from transport.nixl_agent import NixlAgent, hello_body, parse_address
 from transport.nixl_receiver import NixlReceiver
 from transport.pool import Runs
 from transport.wire import TensorDescriptor, describe
@@ -54,6 +57,8 @@ class _Link:
     """What a sender knows of one receiver: its agent, its grant, and which granted blocks are in use."""
 
     name: str
+    address: str
+    """The receiver's published address, which stamps name."""
     grant: Grant
     runs: Runs
     slots: asyncio.Semaphore
@@ -71,7 +76,7 @@ class NixlSender(EmbeddingSender):
 
     def __init__(self, *, timeout: float = 120.0, max_inflight: int = 4, error_handling: str = "peer",
                  checksum: Literal["crc32", "none"] = "crc32", connect_timeout: float = 10.0,
-                 pool_bytes: int | None = None) -> None:
+                 pool_bytes: int | None = None, secret: bytes | None = None, signer: Signer | None = None) -> None:
         self.timeout = timeout
         """Seconds one send may take, waiting for room in the receiver's pool included."""
         self.max_inflight = max_inflight
@@ -80,6 +85,8 @@ class NixlSender(EmbeddingSender):
         self.connect_timeout = connect_timeout
         """Seconds the first send to a receiver waits for its Grant."""
         del pool_bytes  # accepted for configs written for the old copy-then-READ sender; it has no pool now
+        self._signer = signer or (Signer(secret) if secret is not None else None)
+        """Stamps Hello, Written and Bye with the cluster secret (transport/auth.py); None: unauthenticated."""
         self._nx = NixlAgent("sender", error_handling=error_handling)
         self._links: dict[str, _Link] = {}
         self._by_name: dict[str, _Link] = {}
@@ -95,8 +102,12 @@ class NixlSender(EmbeddingSender):
         if time.monotonic() - self._drained > DRAIN_S:
             self._drain()
         link = self._links.get(peer) or await self._connect(peer)
+        total = sum(d.nbytes for d in descs)
+        if link.grant.max_request and total > link.grant.max_request:
+            raise TransportError(f"{peer[:40]}... rejected {request_id}: its {total} bytes exceed the receiver's "
+                                 f"unclaimed cap of {link.grant.max_request} bytes per request (max_request_bytes); "
+                                 "raise its --transport-max-request-mib or send less per request")
         if sum(link.runs.count(d.nbytes) for d in descs if d.nbytes) > link.runs.blocks:
-            total = sum(d.nbytes for d in descs)
             raise TransportError(f"{peer[:40]}... rejected {request_id}: its {total} bytes are more than the "
                                  f"{link.runs.nbytes} bytes of the receiver's pool granted to this sender; raise its "
                                  "pool_bytes (or slab_bytes)")
@@ -121,12 +132,11 @@ class NixlSender(EmbeddingSender):
         return [d.model_copy(update={"checksum": c}) for d, c in zip(descs, crcs, strict=True)]
 
     async def _write(self, link: _Link, request_id: str, described, starts: list[int]) -> list[int | None]:
-        notif = pack(Written(descs=[d for d, _ in described], starts=[link.block(s) if s >= 0 else -1 for s in starts]))
         pairs = [(_address(raw), d.nbytes, link.addr(s)) for (d, raw), s in zip(described, starts, strict=True)
                  if d.nbytes]
         what, deadline = f"write of {request_id} to {link.name}", time.monotonic() + self.timeout
         if sum(n for _, n, _ in pairs) >= OFF_LOOP:  # a big copy (cma) or CRC must not stall the event loop
-            return await asyncio.to_thread(self._write_sync, link, described, pairs, notif, deadline, what)
+            return await asyncio.to_thread(self._write_sync, link, described, starts, pairs, deadline, what)
         reg, handle, state = self._start(link, pairs)
         try:
             crcs = self._crcs(described)  # while the bytes move (RDMA, TCP); after the copy on cma
@@ -134,10 +144,16 @@ class NixlSender(EmbeddingSender):
                 await self._nx.finish(handle, state, deadline, what)
         finally:
             self._end(reg, handle)
-        self._nx.agent.send_notif(link.name, notif)
+        self._nx.agent.send_notif(link.name, self._written(link, described, starts))
         return crcs
 
-    def _write_sync(self, link: _Link, described, pairs, notif: bytes, deadline: float, what: str) -> list:
+    def _written(self, link: _Link, described, starts: list[int]) -> bytes:
+        """The notification, stamped once the bytes are there (a stamp's age counts from now)."""
+        descs, blocks = [d for d, _ in described], [link.block(s) if s >= 0 else -1 for s in starts]
+        stamp = self._signer and self._signer.stamp("send", link.address, descs_body(descs, blocks))
+        return pack(Written(descs=descs, starts=blocks, stamp=stamp))
+
+    def _write_sync(self, link: _Link, described, starts, pairs, deadline: float, what: str) -> list:
         reg, handle, _ = self._start(link, pairs)
         try:
             crcs = self._crcs(described)
@@ -145,7 +161,7 @@ class NixlSender(EmbeddingSender):
                 self._nx.settle(handle, deadline, what)
         finally:
             self._end(reg, handle)
-        self._nx.agent.send_notif(link.name, notif)
+        self._nx.agent.send_notif(link.name, self._written(link, described, starts))
         return crcs
 
     def _start(self, link: _Link, pairs):
@@ -208,7 +224,9 @@ class NixlSender(EmbeddingSender):
         try:
             name = nx.add_peer(info["md"])
             self._grants.pop(name, None)
-            nx.agent.send_notif(name, pack(Hello(metadata=base64.b64encode(nx.metadata).decode())))
+            md = nx.metadata
+            stamp = self._signer and self._signer.stamp("hello", peer, hello_body(md))
+            nx.agent.send_notif(name, pack(Hello(metadata=base64.b64encode(md).decode(), stamp=stamp)))
         except Exception as e:  # noqa: BLE001 - NIXL's own error classes
             raise TransportError(f"cannot reach nixl peer {peer[:40]}...: {e!r}; is the receiving worker alive?") from e
         deadline, delay = time.monotonic() + self.connect_timeout, 1e-4
@@ -216,14 +234,15 @@ class NixlSender(EmbeddingSender):
             if time.monotonic() > deadline:
                 nx.forget(name)
                 raise TransportError(f"nixl peer {peer[:40]}... did not answer within {self.connect_timeout}s; "
-                                     "is the receiving worker alive and is its address current?")
+                                     "is the receiving worker alive, its address current, and the cluster "
+                                     "secret the same on both (it ignores an unauthenticated Hello)?")
             await asyncio.sleep(delay)
             delay = min(0.005, delay * 2)
             self._drain()
         if grant.error:
             nx.forget(name)
             raise TransportError(f"nixl peer {peer[:40]}... refused this sender: {grant.error}")
-        link = _Link(name, grant, Runs(grant.blocks, grant.block), asyncio.Semaphore(self.max_inflight))
+        link = _Link(name, peer, grant, Runs(grant.blocks, grant.block), asyncio.Semaphore(self.max_inflight))
         self._links[peer] = self._by_name[name] = link
         return link
 
@@ -256,7 +275,8 @@ class NixlSender(EmbeddingSender):
     async def close(self) -> None:
         for link in self._links.values():
             try:
-                self._nx.agent.send_notif(link.name, pack(Bye()))
+                stamp = self._signer and self._signer.stamp("bye", link.address, descs_body([]))
+                self._nx.agent.send_notif(link.name, pack(Bye(stamp=stamp)))
             except Exception:  # noqa: BLE001 - the receiver is gone already
                 pass
         for peer in list(self._links):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import secrets
 import time
 from typing import Any
 
+from transport.auth import descs_body
 from transport.base import TransportError
 
 _nixl: Any = None
@@ -149,3 +151,8 @@ def parse_address(address: str) -> dict:
         return info
     except (ValueError, KeyError) as e:
         raise TransportError(f"malformed nixl address {address[:40]!r}...: {e}") from None
+
+
+def hello_body(metadata: bytes) -> bytes:
+    """What a Hello's stamp covers: the metadata the receiver will connect to (by digest)."""
+    return descs_body([], hashlib.sha256(metadata).hexdigest())

@@ -6,7 +6,10 @@ Hello with a Grant (a run of pool blocks for that sender), files each Written te
 zero-copy view of the pool (or a copy once that sender's grant is more than `lend_limit` held), and
 gives blocks back with Credits when the engine drops a tensor. A sender that is gone (a Credit or a
 keepalive fails to reach it), reconnects or says Bye loses its grant, whose blocks return to the pool
-once the engine has dropped what it still holds of them.
+once the engine has dropped what it still holds of them. With a cluster secret, a Hello, Written or Bye
+without a good stamp is dropped and counted: no grant, nothing filed, nothing revoked (transport/auth.py).
+An authentic Written that the inbox refuses (over the caps, a discarded request) is credited back at once;
+its request's recv() fails with the reason (a one-sided WRITE has no reply to carry it).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from transport.admission import Limits, Refused
+from transport.auth import descs_body
 from transport.base import TransportError
 from transport.inbox import Inbox, InboxReceiver
 from transport.messages import (
@@ -33,7 +38,7 @@ from transport.messages import (
     pack,
     unpack,
 )
-from transport.nixl_agent import NixlAgent
+from transport.nixl_agent import NixlAgent, hello_body
 from transport.pool import BlockPool
 from transport.wire import TensorDescriptor, WireError, rebuild
 
@@ -63,9 +68,11 @@ class _Slab:
 class NixlReceiver(InboxReceiver):
     """Grants pool space to senders, files what they write, credits it back when the engine is done."""
 
-    def __init__(self, worker_id: str = "", *, ttl: float = 300.0, timeout: float = 120.0,
+    def __init__(self, worker_id: str = "", *, ttl: float = 60.0, timeout: float = 120.0,
                  pool_bytes: int = 256 << 20, slab_bytes: int = 64 << 20, block_bytes: int = 1 << 16,
-                 error_handling: str = "peer", lend_limit: float = 0.5, poll_s: float = 0.05) -> None:
+                 error_handling: str = "peer", lend_limit: float = 0.5, poll_s: float = 0.05,
+                 secret: bytes | None = None, max_unclaimed_bytes: int = 1 << 30,
+                 max_request_bytes: int = 512 << 20) -> None:
         if pool_bytes < block_bytes:
             raise TransportError(f"pool_bytes={pool_bytes} is smaller than one block ({block_bytes} bytes)")
         self.worker_id = worker_id
@@ -84,7 +91,7 @@ class NixlReceiver(InboxReceiver):
         self._nx: NixlAgent | None = None
         self._reg = None
         self._address = ""
-        self._inbox = Inbox("nixl://(not started)", ttl)
+        self._inbox = Inbox("nixl://(not started)", Limits(ttl, max_unclaimed_bytes, max_request_bytes), secret)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slabs: dict[str, _Slab] = {}
         """The current grant of each sender, by its agent name."""
@@ -111,7 +118,7 @@ class NixlReceiver(InboxReceiver):
         await asyncio.to_thread(self._pool.memory.numpy().fill, 0)
         self._reg = self._nx.register([(self._pool.memory.data_ptr(), self._pool.nbytes)])
         self._address = self._nx.address()  # after registering: the metadata carries the pool's memory key
-        self._inbox.where = f"nixl agent {self._nx.name}"
+        self._inbox.bind(self._address, f"nixl agent {self._nx.name}")
         self._poller = asyncio.ensure_future(self._poll())
 
     async def recv(self, descriptors: list[TensorDescriptor], timeout: float = 30.0) -> dict[str, torch.Tensor]:
@@ -170,49 +177,68 @@ class NixlReceiver(InboxReceiver):
                 elif isinstance(msg, Written):
                     self._written(peer, msg)
                 elif isinstance(msg, Bye):
+                    self._inbox.authenticate("bye", msg.stamp, descs_body([]), f"Bye from {peer}")
                     self._revoke(peer)
                 elif isinstance(msg, Credit) and peer in self._slabs:
                     self._slabs[peer].seen = time.monotonic()  # a sender's keepalive
-            except ControlError as e:
+            except (ControlError, Refused) as e:
                 log.warning("nixl receiver: dropping a notification from %s: %s", peer, e)
             except Exception:  # noqa: BLE001 - one bad sender must not stop the receiver
                 log.exception("nixl receiver: failed on a notification from %s", peer)
 
     def _hello(self, nx: NixlAgent, peer: str, msg: Hello) -> None:
+        metadata = base64.b64decode(msg.metadata)
+        # Before anything else: an unauthenticated Hello must not make us connect anywhere or lend memory.
+        self._inbox.authenticate("hello", msg.stamp, hello_body(metadata), f"Hello from {peer}")
         self._revoke(peer)  # a sender that says Hello again dropped its old grant
         nx.forget(peer)
-        nx.add_peer(base64.b64decode(msg.metadata))
+        nx.add_peer(metadata)
         pool, size = self._pool, min(self.slab_bytes, self._pool.nbytes)
         while (start := pool.alloc(size)) is None and size > pool.block_bytes:
             size //= 2  # grant what is left, down to one block
-        base = pool.memory.data_ptr()
+        base, limits = pool.memory.data_ptr(), self._inbox.limits
+        cap = min(limits.max_request_bytes, limits.max_unclaimed_bytes)
         if start is None:
             error = (f"all {pool.nbytes} bytes of its pool are granted to {len(self._slabs)} other senders; "
                      "raise its pool_bytes (or lower slab_bytes)")
             self._notify(nx, peer, pack(Grant(base=base, block=pool.block_bytes, start=0, blocks=0, error=error)))
             return
         self._slabs[peer] = slab = _Slab(peer, start, pool.count(size))
-        if not self._notify(nx, peer, pack(Grant(base=base, block=pool.block_bytes, start=start, blocks=slab.blocks))):
+        grant = Grant(base=base, block=pool.block_bytes, start=start, blocks=slab.blocks, max_request=cap)
+        if not self._notify(nx, peer, pack(grant)):
             self._revoke(peer)
 
     def _written(self, peer: str, msg: Written) -> None:
         slab, pool = self._slabs.get(peer), self._pool
-        if slab is None:
-            log.warning("nixl receiver: %s wrote %s without a current grant; dropped", peer, [d.name for d in msg.descs])
+        spans = [(s, pool.count(d.nbytes)) for s, d in zip(msg.starts, msg.descs, strict=False) if d.nbytes]
+        granted = (slab is not None and len(msg.starts) == len(msg.descs)
+                   and all(slab.holds(s, n) for s, n in spans) and len({d.request_id for d in msg.descs}) <= 1)
+        try:
+            ticket = self._inbox.admit(msg.descs, msg.stamp, msg.starts, granted=granted)
+        except Refused as e:
+            log.warning("nixl receiver: refused a Written from %s: %s", peer, e)
+            if e.reason in ("over_cap", "unexpected") and granted:  # authentic: its blocks go back to the sender
+                self._refund(slab, [(s, d.nbytes) for s, d in zip(msg.starts, msg.descs, strict=True) if d.nbytes])
             return
         slab.seen = time.monotonic()
-        spans = [(s, pool.count(d.nbytes)) for s, d in zip(msg.starts, msg.descs, strict=False) if d.nbytes]
-        if len(msg.starts) != len(msg.descs) or not all(slab.holds(s, n) for s, n in spans):
-            log.warning("nixl receiver: %s wrote outside its grant (blocks %s); dropped", peer, msg.starts)
-            return
         tensors = {}
         for start, d in zip(msg.starts, msg.descs, strict=True):
             try:
                 tensors[d.name] = (d, rebuild(d, self._take(slab, start, d.nbytes), check=False))
             except (WireError, RuntimeError, ValueError) as e:
                 log.warning("nixl receiver: %s/%s from %s: %s", d.request_id, d.name, peer, e)
-        if tensors and len(tensors) == len(msg.descs):
-            self._inbox.store(msg.descs[0].request_id, tensors)
+        if msg.descs and len(tensors) == len(msg.descs):
+            self._inbox.store(ticket, tensors)
+        else:
+            self._inbox.release(ticket)
+
+    def _refund(self, slab: _Slab, runs: list[tuple[int, int]]) -> None:
+        """Credit refused arrivals' blocks back to their sender without filing them."""
+        with self._lock:
+            slab.freed.extend(runs)
+            due, self._flush_due = not self._flush_due, True
+        if due:
+            self._loop.call_soon(self._flush)
 
     def _take(self, slab: _Slab, start: int, nbytes: int) -> memoryview:
         """The arrived bytes: lent from the pool while the grant is not too held, else copied out of it."""

@@ -81,13 +81,22 @@ def default_local_address(worker_id: str, runtime_dir: str | os.PathLike | None 
     return f"unix://{base / worker_id}.sock"
 
 
-def make_sender(kind: str, **opts: Any) -> EmbeddingSender:
-    """A sender of the named backend; `opts` go to its constructor (e.g. timeout for local)."""
+def make_sender(kind: str, *, secret: bytes | None = None, **opts: Any) -> EmbeddingSender:
+    """A sender of the named backend; `opts` go to its constructor (e.g. timeout for local).
+
+    `secret`: the cluster's secret; every transfer then carries an HMAC stamp that receivers with the same
+    secret require (transport/auth.py). None (the default) is for one trusted host only."""
+    if secret is not None:
+        opts["secret"] = secret
     return _load(kind, "sender")(**opts)
 
 
-def make_receiver(kind: str, worker_id: str, **opts: Any) -> EmbeddingReceiver:
+def make_receiver(kind: str, worker_id: str, *, secret: bytes | None = None, **opts: Any) -> EmbeddingReceiver:
     """A receiver of the named backend for one worker.
+
+    `secret`: the cluster's secret; it then refuses transfers without a good stamp (transport/auth.py).
+    Every backend also takes `ttl` (seconds an unclaimed request is kept, default 60),
+    `max_unclaimed_bytes` (default 1 GiB) and `max_request_bytes` (default 512 MiB): transport/admission.py.
 
     For "local": `address` if given; else tcp on a free loopback port when `tcp=True`; else a Unix socket
     from `default_local_address(worker_id, runtime_dir)`. The remaining `opts` (ttl, max_payload) go to
@@ -96,6 +105,8 @@ def make_receiver(kind: str, worker_id: str, **opts: Any) -> EmbeddingReceiver:
     their address and need no options (see transport/README.md for the tuning knobs).
     """
     cls = _load(kind, "receiver")
+    if secret is not None:
+        opts["secret"] = secret
     if kind != "local":
         return cls(worker_id, **opts)
     address = opts.pop("address", None)

@@ -16,27 +16,28 @@ import socket
 from dataclasses import dataclass, field
 
 import torch
-from pydantic import ValidationError
 
+from transport.admission import Limits
+from transport.auth import Signer
 from transport.base import EmbeddingSender, TransportError
 from transport.checksum import off_loop
 from transport.inbox import Inbox, InboxReceiver
 from transport.local_frame import (
-    DESCS,
     FATAL,
-    MAGIC,
     OK,
     PREFIX,
-    REJECTED,
     REPLY,
-    VERSION,
+    FrameReject,
+    file_frame,
+    header_length,
     pack_head,
     pack_reply,
     parse_address,
+    parse_header,
 )
 from transport.pool import RecvBuffers
 from transport.sockio import recv_bytes, recv_exactly_into, tune
-from transport.wire import TensorDescriptor, WireError, describe, rebuild
+from transport.wire import TensorDescriptor, describe, rebuild
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,13 @@ class _Conn:
 class TcpSender(EmbeddingSender):
     """One persistent connection per peer, one send at a time on it (the per-peer in-flight bound)."""
 
-    def __init__(self, *, timeout: float = 120.0, connect_timeout: float = 5.0) -> None:
+    def __init__(self, *, timeout: float = 120.0, connect_timeout: float = 5.0, secret: bytes | None = None,
+                 signer: Signer | None = None) -> None:
         self.timeout = timeout
         """Seconds one send may take from first byte to the receiver's reply."""
         self.connect_timeout = connect_timeout
+        self._signer = signer or (Signer(secret) if secret is not None else None)
+        """Stamps each frame with the cluster secret (transport/auth.py); None: unauthenticated."""
         self._conns: dict[str, _Conn] = {}
 
     async def send(self, peer: str, request_id: str, tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
@@ -71,7 +75,7 @@ class TcpSender(EmbeddingSender):
                     await self._connect(peer, conn)
                 try:
                     async with asyncio.timeout(self.timeout):
-                        status, text = await self._exchange(conn.sock, pack_head(descs), described)
+                        status, text = await self._exchange(conn.sock, pack_head(descs, self._signer, peer), described)
                     break
                 except ConnectionError as e:
                     conn.close()
@@ -134,18 +138,13 @@ async def _read_reply(sock: socket.socket) -> tuple[int, str]:
     return status, (await recv_bytes(sock, n)).decode(errors="replace")
 
 
-class _Reject(Exception):
-    def __init__(self, text: str, status: int) -> None:
-        super().__init__(text)
-        self.status = status
-
-
 class TcpReceiver(InboxReceiver):
     """Accepts frames on a TCP port, reads payloads into tensors it allocated, verifies, then replies."""
 
     def __init__(self, worker_id: str = "", *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 ttl: float = 300.0, max_payload: int = 4 << 30, max_header: int = 1 << 20,
-                 pool_bytes: int = 256 << 20) -> None:
+                 ttl: float = 60.0, max_payload: int = 4 << 30, max_header: int = 1 << 20,
+                 pool_bytes: int = 256 << 20, secret: bytes | None = None, max_unclaimed_bytes: int = 1 << 30,
+                 max_request_bytes: int = 512 << 20) -> None:
         if host in ("0.0.0.0", "::") and not advertise:
             raise TransportError(f"listening on {host} needs advertise=<this host's address that senders can reach>")
         self.worker_id = worker_id
@@ -155,7 +154,7 @@ class TcpReceiver(InboxReceiver):
         self.max_header = max_header
         self._buffers = RecvBuffers(pool_bytes)
         """Receive memory reused across transfers (fresh pages fault more than the copy costs)."""
-        self._inbox = Inbox(f"tcp://{host}:{port}", ttl)
+        self._inbox = Inbox(f"tcp://{host}:{port}", Limits(ttl, max_unclaimed_bytes, max_request_bytes), secret)
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task] = set()
         self._socks: set[socket.socket] = set()
@@ -177,7 +176,7 @@ class TcpReceiver(InboxReceiver):
         sock.listen(64)
         sock.setblocking(False)
         self._listener, self.port = sock, sock.getsockname()[1]
-        self._inbox.where = self.address
+        self._inbox.bind(self.address)
         self._spawn(self._accept())
 
     async def close(self) -> None:
@@ -220,7 +219,7 @@ class TcpReceiver(InboxReceiver):
                 status, text = OK, ""
                 try:
                     await self._take_frame(sock, prefix)
-                except _Reject as e:
+                except FrameReject as e:
                     status, text = e.status, str(e)
                     log.warning("rejected a frame at %s: %s", self.address, text)
                 await loop.sock_sendall(sock, pack_reply(status, text))
@@ -233,29 +232,12 @@ class TcpReceiver(InboxReceiver):
             sock.close()
 
     async def _take_frame(self, sock: socket.socket, prefix: bytes) -> None:
-        magic, version, hlen = PREFIX.unpack(prefix)
-        if magic != MAGIC or version != VERSION:
-            raise _Reject(f"not a tierserve frame: magic {magic!r} v{version}, expected {MAGIC!r} v{VERSION}", FATAL)
-        if hlen > self.max_header:
-            raise _Reject(f"header of {hlen} bytes exceeds max_header={self.max_header}", FATAL)
-        try:
-            descs = DESCS.validate_json(await recv_bytes(sock, hlen))
-        except ValidationError as e:
-            raise _Reject(f"invalid header: {e.error_count()} errors, first: {e.errors()[0]['msg']}", FATAL) from None
-        if len({d.request_id for d in descs}) > 1 or len({d.name for d in descs}) != len(descs):
-            raise _Reject(f"a frame carries distinct tensors of one request, got {[d.name for d in descs]}", FATAL)
-        total = sum(d.nbytes for d in descs)
-        if total > self.max_payload:
-            raise _Reject(f"payload of {total} bytes exceeds max_payload={self.max_payload} of {self.address}", FATAL)
-        tensors, errors = {}, []
-        for d in descs:
+        hlen = header_length(prefix, self.max_header)
+        head = parse_header(await recv_bytes(sock, hlen), self.max_payload, self.address)
+
+        async def read(d: TensorDescriptor) -> torch.Tensor:
             view = self._buffers.take(d.nbytes)  # the memory the engine gets: no copy after this
             await recv_exactly_into(sock, view)
-            try:
-                tensors[d.name] = (d, await off_loop(d.nbytes, rebuild, d, view))
-            except (WireError, RuntimeError, ValueError) as e:  # keep reading: the stream stays in step
-                errors.append(str(e))
-        if errors:
-            raise _Reject("; ".join(errors), REJECTED)
-        if descs:
-            self._inbox.store(descs[0].request_id, tensors)
+            return await off_loop(d.nbytes, rebuild, d, view)
+
+        await file_frame(self._inbox, head, read)

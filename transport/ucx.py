@@ -21,9 +21,11 @@ from typing import Literal
 import numpy as np
 import torch
 
+from transport.admission import Limits, Refused
+from transport.auth import Signer, descs_body
 from transport.base import EmbeddingSender, TransportError
 from transport.checksum import crc32, off_loop
-from transport.inbox import Inbox, InboxReceiver
+from transport.inbox import Inbox, InboxReceiver, Ticket
 from transport.messages import MAX_CONTROL, ControlError, Offer, Reply, pack, unpack
 from transport.pool import RecvBuffers
 from transport.ucx_worker import UcxWorker, array
@@ -40,13 +42,16 @@ class UcxSender(EmbeddingSender):
     """Sends over endpoints kept per receiver address; at most `max_inflight` sends per peer at a time."""
 
     def __init__(self, *, timeout: float = 120.0, max_inflight: int = 4, error_handling: bool = False,
-                 options: dict[str, str] | None = None, checksum: Literal["crc32", "none"] = "crc32") -> None:
+                 options: dict[str, str] | None = None, checksum: Literal["crc32", "none"] = "crc32",
+                 secret: bytes | None = None, signer: Signer | None = None) -> None:
         self.timeout = timeout
         """Seconds one send may take until the receiver has the bytes."""
         self.max_inflight = max_inflight
         self.checksum = checksum
         """"crc32": descriptors carry the CRC32 the receiver checks; "none": dtype, shape and length only."""
         self._opts = {"error_handling": error_handling, "options": options}
+        self._signer = signer or (Signer(secret) if secret is not None else None)
+        """Stamps each offer with the cluster secret (transport/auth.py); None: unauthenticated."""
         self._ucx: UcxWorker | None = None
         self._uid = secrets.randbits(31) + 1
         self._seq = itertools.count(1)
@@ -59,7 +64,8 @@ class UcxSender(EmbeddingSender):
         described = [describe(request_id, name, t, checksum=False) for name, t in tensors.items()]
         descs = [d for d, _ in described]
         tag = (self._uid << 32) | ((next(self._seq) & 0xFFFFF) << 12)
-        offer = np.frombuffer(pack(Offer(reply_to=ucx.address, tag=tag, descs=descs)), dtype=np.uint8)
+        stamp = self._signer and self._signer.stamp("send", peer, descs_body(descs, tag, ucx.address))
+        offer = np.frombuffer(pack(Offer(reply_to=ucx.address, tag=tag, descs=descs, stamp=stamp)), dtype=np.uint8)
         reply_buf = np.zeros(MAX_CONTROL, dtype=np.uint8)
         lib = ucx.lib
         async with self._slots.setdefault(peer, asyncio.Semaphore(self.max_inflight)):
@@ -111,9 +117,10 @@ class UcxSender(EmbeddingSender):
 class UcxReceiver(InboxReceiver):
     """Keeps a receive posted for offers; per offer, posts one receive per tensor into its pool and accepts."""
 
-    def __init__(self, worker_id: str = "", *, ttl: float = 300.0, max_payload: int = 4 << 30,
+    def __init__(self, worker_id: str = "", *, ttl: float = 60.0, max_payload: int = 4 << 30,
                  timeout: float = 120.0, error_handling: bool = False, options: dict[str, str] | None = None,
-                 pool_bytes: int = 256 << 20) -> None:
+                 pool_bytes: int = 256 << 20, secret: bytes | None = None, max_unclaimed_bytes: int = 1 << 30,
+                 max_request_bytes: int = 512 << 20) -> None:
         self.worker_id = worker_id
         self._buffers = RecvBuffers(pool_bytes)
         self.max_payload = max_payload
@@ -122,7 +129,7 @@ class UcxReceiver(InboxReceiver):
         """Seconds from an offer until all its tensors must have arrived."""
         self._opts = {"error_handling": error_handling, "options": options}
         self._ucx: UcxWorker | None = None
-        self._inbox = Inbox("ucx://(not started)", ttl)
+        self._inbox = Inbox("ucx://(not started)", Limits(ttl, max_unclaimed_bytes, max_request_bytes), secret)
         self._offer_buf = np.zeros(MAX_CONTROL, dtype=np.uint8)
         self._offer_req = None
 
@@ -134,7 +141,7 @@ class UcxReceiver(InboxReceiver):
 
     async def start(self) -> None:
         self._ucx = UcxWorker(**self._opts)
-        self._inbox.where = self._ucx.address[:48] + "..."
+        self._inbox.bind(self._ucx.address, self._ucx.address[:48] + "...")
         # Fault the pool in now, so the first transfers do not pay for page faults on the sender's path.
         await asyncio.to_thread(self._buffers.pool.memory.numpy().fill, 0)
         self._post_offer_recv()
@@ -170,9 +177,15 @@ class UcxReceiver(InboxReceiver):
             log.warning("dropping a %s message on the offer tag", offer.kind)
             return
         ucx, lib, peer = self._ucx, self._ucx.lib, offer.reply_to
-        error = self._check(offer.descs)
-        bufs = [] if error else [self._buffers.take(d.nbytes) for d in offer.descs]
         ep = ucx.endpoint(peer)
+        error, ticket = self._check(offer.descs), None
+        if not error:
+            try:  # before any receive is posted: a refused offer moves no tensor byte
+                ticket = self._inbox.admit(offer.descs, offer.stamp, offer.tag, offer.reply_to)
+            except Refused as e:
+                error = str(e)
+                log.warning("refused an offer at %s: %s", self._inbox.where, e)
+        bufs = [] if error else [self._buffers.take(d.nbytes) for d in offer.descs]
         reqs = [ep.tag_recv(array(np.frombuffer(b, np.uint8)), lib.UCXXTag(offer.tag + 1 + i))
                 for i, (d, b) in enumerate(zip(offer.descs, bufs, strict=False)) if d.nbytes]
         reply = np.frombuffer(pack(Reply(xid=offer.tag, status=REJECTED if error else OK, text=error)), np.uint8)
@@ -184,11 +197,12 @@ class UcxReceiver(InboxReceiver):
             return
         got = ucx.wait(reqs, f"tensors of offer {offer.tag:#x}", self.timeout, keep=bufs,
                        on_fail=lambda: ucx.forget(peer))
-        got.add_done_callback(lambda f: self._arrived(offer, bufs, f))
+        got.add_done_callback(lambda f: self._arrived(offer, ticket, bufs, f))
 
-    def _arrived(self, offer: Offer, bufs: list[memoryview], done: asyncio.Future) -> None:
+    def _arrived(self, offer: Offer, ticket: Ticket, bufs: list[memoryview], done: asyncio.Future) -> None:
         if done.cancelled() or done.exception() is not None:
             log.warning("receive from a ucx sender failed: %s", "closed" if done.cancelled() else done.exception())
+            self._inbox.release(ticket)
             return  # the sender is gone or broke the transfer
         tensors = {}
         for d, b in zip(offer.descs, bufs, strict=True):
@@ -196,9 +210,12 @@ class UcxReceiver(InboxReceiver):
                 tensors[d.name] = (d, rebuild(d, b, check=False))  # verified when claimed
             except (WireError, RuntimeError, ValueError) as e:
                 log.warning("dropping %s/%s: %s", d.request_id, d.name, e)
+                self._inbox.release(ticket)
                 return
         if offer.descs:
-            self._inbox.store(offer.descs[0].request_id, tensors)
+            self._inbox.store(ticket, tensors)
+        else:
+            self._inbox.release(ticket)
 
     def _check(self, descs: list[TensorDescriptor]) -> str:
         if len({d.request_id for d in descs}) > 1 or len({d.name for d in descs}) != len(descs):

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.bench.presets import PRESETS
+from coordinator.planner.durations import DurationError, parse_duration_s
 
 EPILOG = """examples:
   # one server, Poisson at 2 req/s, 200 image requests, SLO TTFT <= 500 ms and TPOT <= 50 ms
@@ -14,6 +15,10 @@ EPILOG = """examples:
   # start a local CPU cluster, compare two configurations at three rates, priced from the catalog
   tierserve bench --target local --preset passthrough-epd,tierserve --sweep-rate 1,2,4 \\
       --num-requests 40 --output-tokens 16 --goodput ttft:2000 tpot:200 --gpus 1xRTX4090,1xA100
+
+  # plain vLLM against tierserve on the vLLM engine, same model and workload, this machine, rates to saturation
+  tierserve bench --target vllm --target local-vllm --sweep-rate 1,2,4,8,16 --num-requests 40 \
+      --output-tokens 32 --goodput ttft:2000 tpot:200
 
   # any other OpenAI-compatible server (vLLM, ...) next to a tierserve coordinator, one workload
   tierserve bench --target vllm=http://gpu1:8000 --target ts=http://gpu2:8000 --sweep-rate 2,4,8 \\
@@ -38,13 +43,27 @@ exit status: 0 done; 1 no request completed; 2 bad input or an unusable target; 
 """
 
 
+def _seconds(flag: str):
+    """An argparse type reading a duration that must carry a unit (these flags once read bare seconds)."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration_s(text, flag, bare=None)
+        except DurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "duration"
+    return parse
+
+
 def build_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tierserve bench", description=description, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     t = p.add_argument_group("what to measure")
-    t.add_argument("--target", action="append", metavar="[NAME=]URL|local|sim[:PLAN]",
+    t.add_argument("--target", action="append", metavar="[NAME=]URL|local|local-vllm|vllm|sim[:PLAN]",
                    help="an OpenAI-compatible server's base URL (with or without /v1); `local` starts a tierserve "
-                        "CPU cluster for the run; `sim:PLAN.yaml` (or `sim` with --plan) replays the workload on the "
+                        "CPU cluster for the run (`local-vllm`: its LLM workers on the vLLM engine); `vllm` starts "
+                        "plain `vllm serve` on the same model (monolithic, the peer); `sim:PLAN.yaml` (or `sim` with --plan) replays the workload on the "
                         "planner's simulator for a plan file from `tierserve plan`. Repeat to compare "
                         "(default: http://127.0.0.1:8000)")
     t.add_argument("--preset", action="append", metavar="NAME[,NAME]",
@@ -56,6 +75,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     t.add_argument("--admin-token", help="bearer token for tierserve's /v1/admin/policy, when the coordinator sets one")
     t.add_argument("--local-model", type=Path, help="--target local: checkpoint dir (default: the tiny LLaVA)")
     t.add_argument("--local-encode", type=int, default=1, help="--target local: encode workers (default: %(default)s)")
+    t.add_argument("--local-threads", type=int, default=1, metavar="N",
+                   help="--target local: torch threads per worker process (default: %(default)s)")
     t.add_argument("--local-no-pin", action="store_true",
                    help="--target local: do not pin each emulated GPU's workers to one CPU core")
 
@@ -68,7 +89,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                    help="Gamma shape of the gaps: 1 = Poisson, <1 burstier, >1 more regular; gap CV = 1/sqrt(it) (default: 1)")
     w.add_argument("--max-concurrency", type=int, help="most requests in flight; later arrivals wait for a slot")
     w.add_argument("--num-requests", type=int, help="requests per cell (default: 100, or the dataset's lines)")
-    w.add_argument("--duration", type=float, help="seconds of arrivals per cell (requests arriving later are not sent)")
+    w.add_argument("--duration", type=_seconds("--duration"), metavar="TIME",
+                   help="arrivals per cell, with a unit: 90s, 2min (requests arriving later are not sent)")
     w.add_argument("--seed", type=int, default=0, help="seeds arrivals and synthetic requests (default: %(default)s)")
     w.add_argument("--warmup", type=int, default=2, help="unrecorded sequential requests before each system (default: 2)")
     w.add_argument("--modality", default="image", help="request kinds and weights, e.g. image or image:0.8,text:0.2 "
@@ -83,11 +105,13 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     w.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (for servers that reject it; output lengths then vary by system)")
     w.add_argument("--dataset", type=Path, help="JSONL file of requests to replay instead of synthetic ones")
-    w.add_argument("--timeout", type=float, default=300.0, help="seconds before one request counts as a timeout")
+    w.add_argument("--timeout", type=_seconds("--timeout"), default=300.0, metavar="TIME",
+                   help="time before one request counts as a timeout, with a unit: 300s, 5min (default: 300s)")
 
     s = p.add_argument_group("SLO and cost")
     s.add_argument("--goodput", nargs="+", metavar="KEY:MS",
-                   help="SLO targets in ms: ttft:MS tpot:MS [e2el:MS]; a request is good if it meets all")
+                   help="SLO targets: ttft:MS tpot:MS [e2el:MS]; a bare number is milliseconds, units us, ms, s, "
+                        "min may be given (ttft:2s); a request is good if it meets all")
     s.add_argument("--cost-per-hour", action="append", default=[], metavar="[SYSTEM=]USD",
                    help="the system's price in $/h (repeat with SYSTEM= to price systems differently)")
     s.add_argument("--gpus", action="append", default=[], metavar="[SYSTEM=]2xRTX4090,2xA100",

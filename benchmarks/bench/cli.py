@@ -106,7 +106,8 @@ def _check_numbers(a: argparse.Namespace) -> None:
               ("--warmup", a.warmup, a.warmup >= 0, ">= 0"),
               ("--audio-seconds", a.audio_seconds, 0 < a.audio_seconds < math.inf, "a number of seconds > 0"),
               ("--video-frames", a.video_frames, a.video_frames >= 1, "a whole number >= 1"),
-              ("--local-encode", a.local_encode, a.local_encode >= 1, ">= 1"))
+              ("--local-encode", a.local_encode, a.local_encode >= 1, ">= 1"),
+              ("--local-threads", a.local_threads, a.local_threads >= 1, ">= 1"))
     for flag, value, ok, want in checks:
         if not ok:
             raise wl.WorkloadError(f"{flag} must be {want}, got {value:g}")
@@ -149,7 +150,8 @@ def build_plan(a: argparse.Namespace) -> Plan:
     return Plan(systems=systems, rates=rates, specs=specs, gaps=gaps[:n], slo=slo, costs=costs, model=a.model,
                 client=ClientOptions(model=a.model or "", ignore_eos=not a.no_ignore_eos, timeout_s=a.timeout, headers=headers),
                 max_concurrency=a.max_concurrency, duration_s=a.duration, warmup_specs=warm, sims=sims,
-                local=LocalOptions(model=a.local_model, encode_workers=a.local_encode, pin_cores=not a.local_no_pin),
+                local=LocalOptions(model=a.local_model, encode_workers=a.local_encode, pin_cores=not a.local_no_pin,
+                                   threads=a.local_threads),
                 admin_headers={"Authorization": f"Bearer {a.admin_token}"} if a.admin_token else {})
 
 
@@ -173,7 +175,7 @@ def _context(a: argparse.Namespace, argv: list[str], plan: Plan, load_at_start: 
             spec = local_spec([x.preset for x in plan.systems if x.target == s.target and x.preset], plan.local)
             entry["local_cluster"] = {"encode_workers": spec.encode_workers, "llm_roles": spec.llm_roles,
                                       "local_prefill": spec.local_prefill, "steal": spec.steal, "pin_cores": spec.pin_cores,
-                                      "model": str(spec.model_dir)}
+                                      "threads": spec.threads, "model": str(spec.model_dir)}
         systems.append(entry)
     return {"tool": "tierserve bench", "command": "python -m benchmarks.bench " + shlex.join(argv),
             "load_average_at_start": load_at_start,  # 1/5/15 min: others' work on a shared host skews cells

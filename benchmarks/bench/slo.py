@@ -1,4 +1,4 @@
-"""The SLO a request must meet to count towards goodput: `--goodput ttft:MS tpot:MS [e2el:MS]`.
+"""The SLO a request must meet to count towards goodput: `--goodput ttft:MS tpot:MS [e2el:MS]` (units allowed).
 
 A request is good only if it completed and meets every given target (DESIGN "Words": goodput counts
 requests with TTFT <= T_f AND TPOT <= T_p). TTFT and TPOT are both required because either alone
@@ -8,10 +8,9 @@ A request with a single output token has no TPOT, and so meets any TPOT target.
 
 from __future__ import annotations
 
-import math
-import re
-
 from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.planner.durations import DurationError, parse_targets
 
 KEYS = ("ttft", "tpot", "e2el")
 
@@ -44,31 +43,14 @@ class SLO(BaseModel):
         return " and ".join(parts + ([f"E2E <= {self.e2el_ms:g} ms"] if self.e2el_ms is not None else []))
 
 
-FORM = "write --goodput ttft:MS tpot:MS [e2el:MS], e.g. --goodput ttft:500 tpot:50"
-
-
 def parse_goodput(items: list[str]) -> SLO:
-    """["ttft:500", "tpot:50", "e2el:4000"] -> SLO; also accepts them comma-joined in one item."""
-    targets: dict[str, float] = {}
-    for item in (p for raw in items for p in raw.split(",") if p.strip()):
-        m = re.fullmatch(r"\s*([a-zA-Z0-9_]+)\s*[:=]\s*([^\s]+)\s*", item)
-        if not m:
-            raise SLOError(f"--goodput {item!r} is not KEY:MS; {FORM}")
-        key, raw = m.group(1).lower(), m.group(2)
-        if key not in KEYS:
-            raise SLOError(f"--goodput {item!r}: unknown metric {key!r}; use ttft, tpot and optionally e2el. {FORM}")
-        if key in targets:
-            raise SLOError(f"--goodput gives {key} twice; {FORM}")
-        try:
-            value = float(raw.removesuffix("ms"))
-        except ValueError:
-            raise SLOError(f"--goodput {item!r}: {raw!r} is not a number of milliseconds; {FORM}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise SLOError(f"--goodput {item!r}: a target must be a finite number of milliseconds > 0, got {raw}")
-        targets[key] = value
-    missing = [k for k in ("ttft", "tpot") if k not in targets]
-    if missing:
-        raise SLOError(f"--goodput needs both ttft and tpot (missing: {', '.join(missing)}); {FORM}")
+    """["ttft:500", "tpot:50", "e2el:4s"] -> SLO; items may also be comma-joined. A bare number is
+    milliseconds, a unit (us, ms, s, min) may be given, as for `tierserve plan --slo` (durations.py)."""
+    try:
+        targets = {k: v * 1e3 for k, v in parse_targets(items, KEYS, ("ttft", "tpot"), "--goodput",
+                                                           "ttft:500 tpot:50 [e2el:4000]").items()}
+    except DurationError as exc:
+        raise SLOError(str(exc)) from None
     if "e2el" in targets and targets["e2el"] < targets["ttft"]:
         raise SLOError(f"--goodput e2el:{targets['e2el']:g} is below ttft:{targets['ttft']:g}: no request could "
                        "meet it (the first token comes before the end)")

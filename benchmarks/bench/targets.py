@@ -28,11 +28,15 @@ class TargetError(RuntimeError):
 @dataclass(frozen=True)
 class Target:
     label: str
-    kind: Literal["url", "local", "sim"]
+    kind: Literal["url", "local", "sim", "vllm"]
+    """url: a running server; local: a tierserve cluster started for the run; vllm: plain `vllm serve`
+    started for the run (benchmarks/bench/vllm_server.py); sim: the planner's simulator."""
     url: str = ""
     """Base URL without /v1 (kind url)."""
     plan: Path | None = None
     """The plan file (kind sim)."""
+    engine: Literal["reference", "vllm"] = "reference"
+    """The local cluster's LLM engine (kind local: `local` or `local-vllm`)."""
 
 
 @dataclass
@@ -51,14 +55,16 @@ def parse_target(text: str) -> Target:
     """"local", "sim", "sim:PLAN.yaml", "URL", each optionally "NAME=..."."""
     name, eq, rest = text.partition("=")
     label, value = (name.strip(), rest.strip()) if eq and not name.startswith("http") else ("", text.strip())
-    if value == "local":
-        return Target(label=label or value, kind="local")
+    if value in ("local", "local-vllm"):
+        return Target(label=label or value, kind="local", engine="vllm" if value == "local-vllm" else "reference")
+    if value == "vllm":
+        return Target(label=label or value, kind="vllm")
     if value == "sim" or value.startswith("sim:"):
         plan = Path(value[4:]) if value.startswith("sim:") and value[4:] else None
         return Target(label=label or (f"sim:{plan.stem}" if plan else "sim"), kind="sim", plan=plan)
     if not re.match(r"^https?://[^/\s]+", value):
         raise TargetError(f"--target {text!r}: give an http(s) URL of an OpenAI-compatible server "
-                          "(e.g. http://127.0.0.1:8000), `local`, or `sim:PLAN.yaml`")
+                          "(e.g. http://127.0.0.1:8000), `local`, `local-vllm`, `vllm`, or `sim:PLAN.yaml`")
     url = re.sub(r"/v1/?$", "", value.rstrip("/"))
     return Target(label=label or re.sub(r"^https?://", "", url), kind="url", url=url)
 
@@ -102,10 +108,12 @@ class LocalOptions:
     encode_workers: int = 1
     pin_cores: bool = True
     """One emulated device per core (see ClusterSpec.pin_cores), so co-located workers share a core."""
+    threads: int = 1
+    """Torch threads of each worker process."""
     log_dir: Path | None = None
 
 
-def local_spec(presets: list[Preset], opts: LocalOptions) -> ClusterSpec:
+def local_spec(presets: list[Preset], opts: LocalOptions, engine: str = "reference") -> ClusterSpec:
     """One cluster with the workers every preset needs: a remote combined worker always; a decode
     worker and a co-located prefill worker when a preset offloads; a co-located stealer when one steals."""
     from coordinator.launcher import ClusterSpec
@@ -117,12 +125,16 @@ def local_spec(presets: list[Preset], opts: LocalOptions) -> ClusterSpec:
     return ClusterSpec(key_prefix=f"bench-{uuid.uuid4().hex[:8]}", encode_workers=opts.encode_workers,
                        llm_roles=["combined"] + (["decode"] if local_prefill else []),
                        local_prefill=local_prefill, steal=any(p.needs_stealer for p in presets),
-                       pin_cores=opts.pin_cores, port=free_port(), **kw)
+                       pin_cores=opts.pin_cores, threads=opts.threads, port=free_port(),
+                       llm_args=["--engine", engine] if engine != "reference" else [], **kw)
 
 
 @contextlib.contextmanager
 def open_target(target: Target, presets: list[Preset], local: LocalOptions, say) -> Iterator[str]:
     """Yield the base URL to send requests to, starting (and afterwards stopping) a local cluster."""
+    if target.kind == "vllm":
+        yield from _plain_vllm(local, say)
+        return
     if target.kind != "local":
         yield target.url
         return
@@ -130,9 +142,10 @@ def open_target(target: Target, presets: list[Preset], local: LocalOptions, say)
     from coordinator.redis_server import RedisNotFound
 
     try:
-        spec = local_spec(presets, local)
+        spec = local_spec(presets, local, target.engine)
         cluster = LocalCluster(spec, local.log_dir)
-        say(f"starting a local cluster: {spec.encode_workers} encode, llm {','.join(spec.llm_roles)}"
+        say(f"starting a local cluster: {spec.encode_workers} encode, llm {','.join(spec.llm_roles)} on the "
+            f"{target.engine} engine"
             f"{', local prefill' if spec.local_prefill else ''}{', stealer' if spec.steal else ''}"
             f" (logs: {cluster.log_dir})")
         cluster.start(timeout_s=180)
@@ -142,3 +155,16 @@ def open_target(target: Target, presets: list[Preset], local: LocalOptions, say)
         yield cluster.url
     finally:
         cluster.stop()
+
+
+def _plain_vllm(local: LocalOptions, say) -> Iterator[str]:
+    from benchmarks.bench.vllm_server import VllmServerError, plain_vllm
+    from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+
+    model = local.model or DEFAULT_MODEL_DIR
+    try:
+        with plain_vllm(model, DEFAULT_MODEL_NAME if model == DEFAULT_MODEL_DIR else model.name, local.log_dir,
+                        say) as url:
+            yield url
+    except VllmServerError as e:
+        raise TargetError(f"--target vllm: {e}") from None

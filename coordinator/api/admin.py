@@ -2,21 +2,21 @@
 
 The batch policy lives in this coordinator's dispatcher; every knob is also stored under
 `{prefix}:policy`, where the encode workers read theirs (offload share s, work stealing, SM partition)
-within a second.
+within a second. The admin token (or, without one, a loopback Host) guards both (coordinator.auth).
 """
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from coordinator.api.openapi import ADMIN_RESPONSES
+from coordinator.auth import AdminAuth
 from coordinator.errors import RequestError
 from coordinator.policies.base import PolicyConfig
-from coordinator.state import AppState, State
+from coordinator.state import State
 
-router = APIRouter()
+router = APIRouter(dependencies=[AdminAuth], responses=ADMIN_RESPONSES)
 
 
 class PolicyUpdate(BaseModel):
@@ -34,25 +34,14 @@ class PolicyUpdate(BaseModel):
     """Any SMPartitionConfig fields (mode, static_encoder_fraction, min_share, ...)."""
 
 
-def _authorize(state: AppState, request: Request) -> None:
-    token = state.config.admin_token
-    if token is None:
-        return
-    given = request.headers.get("authorization", "").removeprefix("Bearer ")
-    if not hmac.compare_digest(given, token):
-        raise RequestError("admin endpoints need `Authorization: Bearer <--admin-token>`", status=401,
-                           code="unauthorized")
-
-
 @router.get("/v1/admin/policy")
-async def get_policy(request: Request, state: State) -> dict:
-    _authorize(state, request)
+async def get_policy(state: State) -> dict:
     return state.policy.model_dump()
 
 
-@router.put("/v1/admin/policy")
+@router.put("/v1/admin/policy", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": PolicyUpdate.model_json_schema()}}}})  # the route parses its body itself
 async def put_policy(request: Request, state: State) -> dict:
-    _authorize(state, request)
     try:
         update = PolicyUpdate.model_validate_json(await request.body())
         current = state.policy.model_dump()
@@ -67,3 +56,57 @@ async def put_policy(request: Request, state: State) -> dict:
     state.policy = policy
     await state.redis.set(state.keys.policy, policy.model_dump_json())
     return policy.model_dump()
+
+
+@router.get("/v1/admin/workload")
+async def get_workload(request: Request, window: str = "60") -> dict:
+    """OServe's monitor: the last `window` seconds of per-second counters (all coordinators of the cluster), and
+    their summary: arrival rate and modality mix, tokens per request, goodput against the SLO in force."""
+    monitor = request.app.state.monitor
+    try:
+        seconds = int(window)
+        data = await monitor.window(seconds)
+    except ValueError:
+        raise RequestError(f"window must be a whole number of seconds from 1 to {monitor.config.retention_s} "
+                           f"(the monitor's retention), got {window!r}", param="window") from None
+    return {"window_s": data.seconds, "until": data.until, "slo": monitor.slo.model_dump(),
+            "summary": data.summary(), "per_second": data.per_second}
+
+
+@router.get("/v1/admin/plan")
+async def get_plan(state: State) -> dict:
+    """The plan in force with its worker layout, the switch in progress (or the last one) and who applies plans."""
+    from coordinator.oserve.control import plan_state
+    from coordinator.oserve.keys import OServeKeys
+
+    return await plan_state(state.redis, OServeKeys(state.config.key_prefix))
+
+
+@router.put("/v1/admin/plan", status_code=202, openapi_extra={"requestBody": {"required": True, "content": {
+    "application/yaml": {"schema": {"type": "string"}}, "application/json": {"schema": {"type": "object"}}}}})
+async def put_plan(request: Request, state: State) -> dict:
+    """Switch the running cluster to a plan file (YAML or JSON, as `tierserve plan` writes it): new workers start
+    and register, then the old ones drain and stop, then the plan's knobs are put in force. 202 with the switch;
+    409 when no executor runs the cluster or a switch is in progress."""
+    import yaml
+
+    from coordinator.oserve.control import PlanConflict, request_plan
+    from coordinator.oserve.keys import OServeKeys
+    from coordinator.planner.planfile import PlanFile
+
+    try:
+        doc = yaml.safe_load(await request.body())  # JSON is YAML
+        if not isinstance(doc, dict):
+            raise RequestError("the body must be a plan file (a YAML or JSON mapping), as `tierserve plan` writes it")
+        plan = PlanFile.model_validate(doc)
+    except yaml.YAMLError as e:
+        raise RequestError(f"the body is not valid YAML or JSON: {e}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise RequestError(f"plan file {loc or '(top level)'}: {first['msg']}", param=loc or None) from None
+    try:
+        status = await request_plan(state.redis, OServeKeys(state.config.key_prefix), plan)
+    except PlanConflict as e:
+        raise RequestError(str(e), status=409, code="plan_conflict") from None
+    return status.model_dump()

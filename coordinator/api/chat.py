@@ -12,16 +12,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from coordinator.api.logprobs import LogprobRenderer
 from coordinator.api.schema import (
-    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice, ChunkChoice, Delta,
-    ErrorResponse, Usage, completion_id, openai_finish_reason,
+    AssistantMessage, ChatCompletion, ChatCompletionRequest, Choice, ChoiceLogprobs, Delta, ErrorResponse, StreamOptions,
+    TextPart, Usage, completion_id, openai_finish_reason,
 )
 from coordinator.errors import RequestError
+from coordinator.flights import Flight, RelayTimeout
 from coordinator.prompt import sampling_from_request
-from coordinator.protocol.messages import TokenEvent
-from coordinator.relay import RelayTimeout, token_events
+from coordinator.protocol.logprobs import TokenLogprobs
+from coordinator.protocol.messages import MediaRef, TokenEvent
 from coordinator.state import AppState, State
-from coordinator.submit import submit
+from coordinator.submit import dispatch_soon, store_media
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -41,6 +43,7 @@ class Tracker:
         self.relayed = 0.0
         self.first_worker = ""
         """The worker that produced the first token: where the prefill ran."""
+        self.flight: Flight | None = None
 
     def see(self, ev: TokenEvent) -> None:
         if ev.token_ids:
@@ -62,7 +65,9 @@ class Tracker:
         compute = (timing.encode_s + timing.prefill_s + timing.decode_s) if timing else None
         return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "overhead_s": (e2e - compute) if compute is not None else None,
                 "compute": timing.model_dump(exclude={"marks"}) if timing else None,
-                "stages_s": stages(timing.marks, self.relayed) if timing else None, "prefill_worker": self.first_worker}
+                "stages_s": stages(timing.marks, self.relayed) if timing else None, "prefill_worker": self.first_worker,
+                "reruns": self.flight.attempt if self.flight else 0,
+                "lost_workers": list(self.flight.lost_holders) if self.flight else []}
 
     def record(self, outcome: str) -> dict:
         m, s = self.state.metrics, self.summary()
@@ -115,10 +120,37 @@ def _parse(body: bytes) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate(data)
 
 
+INLINE_MAX_CHARS = 1024
+"""A text-only request with at most this much text is built on the event loop (~0.2 ms here, most of it fixed
+cost); the thread hop that keeps long tokenizations off the loop costs more than such a build itself."""
+
+
+def _inline(req: ChatCompletionRequest) -> bool:
+    """Whether building `req`'s prompt is short enough to run on the event loop: text only, and little of it."""
+    chars = 0
+    for m in req.messages:
+        if isinstance(m.content, str):
+            chars += len(m.content)
+        elif m.content is not None:
+            for part in m.content:
+                if not isinstance(part, TextPart):
+                    return False  # media: loading and checking it may take long
+                chars += len(part.text)
+        if chars > INLINE_MAX_CHARS:
+            return False
+    return True
+
+
 async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: bool) -> None:
-    if not finished:  # client went away or timed out: stop the workers spending compute on it
-        await state.redis.publish(state.keys.aborts, request_id)
-    await state.redis.delete(state.keys.tokens(request_id), *keys)
+    """Best effort: with Redis down, the media keys' TTL and the workers' own limits clean up instead."""
+    state.flights.remove(request_id)
+    try:
+        if not finished:  # client went away or timed out: stop the workers spending compute on it
+            await state.redis.publish(state.keys.aborts, request_id)
+        if keys:
+            await state.redis.delete(*keys)
+    except Exception as e:
+        log.warning("request cleanup failed", extra={"request_id": request_id, "error": str(e)})
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -131,28 +163,38 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
     if req.model != state.config.model_name:
         raise RequestError(f"model '{req.model}' is not served here; GET /v1/models lists '{state.config.model_name}'",
                            param="model", status=404, code="model_not_found")
-    built = await asyncio.to_thread(state.prompts.build, req)
-    sampling = sampling_from_request(req)
+    built = state.prompts.build(req) if _inline(req) else await asyncio.to_thread(state.prompts.build, req)
     rid = completion_id()
-    media = [(m.modality, m.data) for m in built.media]
-    keys = await submit(state, rid, built.prompt_token_ids, media, sampling, received)
+    keys = await store_media(state, rid, [(m.modality, m.data) for m in built.media])
+    sampling = sampling_from_request(req, default_max_tokens=built.max_tokens)
+    flight = Flight(rid, built.prompt_token_ids, sampling,
+                    [MediaRef(key=k, kind=m.modality) for k, m in zip(keys, built.media)], received)
+    state.flights.add(flight)
+    try:
+        await dispatch_soon(state, flight)
+    except BaseException:
+        await asyncio.shield(_cleanup(state, rid, keys, finished=True))
+        raise
     tracker = Tracker(state, rid, len(built.prompt_token_ids), t0)
-    events = token_events(state.redis, state.keys, rid, state.config.request_timeout_s)
+    tracker.flight = flight
+    events = flight.stream(state.config.request_timeout_s)
+    logprobs = LogprobRenderer(state.prompts.tokenizer) if sampling.logprobs is not None else None
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(state, req.model, tracker, events, keys, include_usage),
-                                 media_type="text/event-stream", headers={"X-Request-Id": rid})
-    return await _complete(state, req.model, tracker, events, keys, request)
+        return StreamingResponse(_sse(state, req.model, tracker, events, keys, req.stream_options or StreamOptions(),
+                                      logprobs), media_type="text/event-stream", headers={"X-Request-Id": rid})
+    return await _complete(state, req.model, tracker, events, keys, request, logprobs)
 
 
 async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncIterator[TokenEvent],
-                    keys: list[str], request: Request) -> JSONResponse:
+                    keys: list[str], request: Request, logprobs: LogprobRenderer | None) -> JSONResponse:
     text: list[str] = []
+    token_logprobs: list[TokenLogprobs] = []
 
     async def collect() -> None:
         async for ev in events:
             tr.see(ev)
             text.append(ev.text)
+            token_logprobs.extend(ev.token_logprobs())
 
     collecting = asyncio.ensure_future(collect())
     watching = asyncio.ensure_future(_until_disconnected(request))
@@ -180,14 +222,17 @@ async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncItera
     await _cleanup(state, tr.request_id, keys, finished=True)
     final = tr.final
     if final is None or final.finish_reason == "error":
-        tr.record("error")
+        lost = tr.flight is not None and tr.flight.unavailable
+        tr.record("unavailable" if lost else "error")
         msg = final.error if final and final.error else "the request failed in a worker"
-        return JSONResponse(ErrorResponse.model_validate({"error": {"message": msg, "type": "server_error"}})
-                            .model_dump(), status_code=500)
+        return JSONResponse(ErrorResponse.model_validate({"error": {
+            "message": msg, "type": "server_error", "code": "worker_lost" if lost else None}}).model_dump(),
+            status_code=503 if lost else 500, headers={"Retry-After": "1"} if lost else None)
     body = ChatCompletion(
         id=tr.request_id, created=int(time.time()), model=model,
         choices=[Choice(message=AssistantMessage(content="".join(text)),
-                        finish_reason=openai_finish_reason(final.finish_reason))],
+                        finish_reason=openai_finish_reason(final.finish_reason),
+                        logprobs=logprobs.choice(token_logprobs) if logprobs is not None else None)],
         usage=Usage.of(tr.prompt_tokens, tr.tokens),
     ).model_dump()
     body["tierserve"] = tr.record("ok")
@@ -200,32 +245,47 @@ async def _until_disconnected(request: Request, poll_s: float = 0.25) -> None:
 
 
 def _chunk(tr: Tracker, model: str, created: int, delta: Delta, finish=None, usage=None, choices=True,
-           extra: dict | None = None) -> str:
-    c = ChatCompletionChunk(id=tr.request_id, created=created, model=model, usage=usage,
-                            choices=[ChunkChoice(delta=delta, finish_reason=finish)] if choices else [])
-    if extra:
-        return f"data: {json.dumps({**c.model_dump(mode='json', exclude_none=False), **extra})}\n\n"
-    return f"data: {c.model_dump_json(exclude_none=False)}\n\n"
+           extra: dict | None = None, logprobs: ChoiceLogprobs | None = None) -> str:
+    """One SSE event; the delta leaves out its None fields (OpenAI sends `role` on the first chunk only).
+
+    The body is ChatCompletionChunk's JSON, built as a dict: one model built and dumped per token was a
+    large share of a streamed request's cost, and every part of it is already validated (Delta, Usage,
+    ChoiceLogprobs; `finish` comes from openai_finish_reason). tests/coordinator/test_sse_chunk.py holds it
+    to the model's own dump."""
+    body = {"id": tr.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": {k: v for k, v in (("role", delta.role), ("content", delta.content))
+                                               if v is not None},
+                         "finish_reason": finish,
+                         "logprobs": logprobs.model_dump(mode="json") if logprobs is not None else None}]
+            if choices else [],
+            "usage": usage.model_dump(mode="json") if usage is not None else None}
+    return f"data: {json.dumps({**body, **(extra or {})}, separators=(',', ':'))}\n\n"
 
 
 async def _sse(state: AppState, model: str, tr: Tracker, events: AsyncIterator[TokenEvent], keys: list[str],
-               include_usage: bool) -> AsyncIterator[str]:
+               options: StreamOptions, logprobs: LogprobRenderer | None) -> AsyncIterator[str]:
+    """The stream of chunks; with continuous_usage_stats each carries the usage so far (vLLM's extension)."""
     created = int(time.time())
     finished = False
+
+    def usage() -> Usage | None:
+        return Usage.of(tr.prompt_tokens, tr.tokens) if options.continuous_usage_stats else None
+
     try:
-        yield _chunk(tr, model, created, Delta(role="assistant", content=""))
+        yield _chunk(tr, model, created, Delta(role="assistant", content=""), usage=usage())
         async for ev in events:
             tr.see(ev)
             if ev.finish_reason == "error":
-                tr.record("error")
+                tr.record("unavailable" if tr.flight is not None and tr.flight.unavailable else "error")
                 yield f"data: {json.dumps({'error': {'message': ev.error, 'type': 'server_error'}})}\n\n"
                 break
-            if ev.text:
-                yield _chunk(tr, model, created, Delta(content=ev.text))
+            if ev.text or (logprobs is not None and ev.token_ids):
+                yield _chunk(tr, model, created, Delta(content=ev.text), usage=usage(), logprobs=logprobs.choice(
+                    ev.token_logprobs()) if logprobs is not None else None)
             if ev.finish_reason is not None:
-                yield _chunk(tr, model, created, Delta(), finish=openai_finish_reason(ev.finish_reason))
+                yield _chunk(tr, model, created, Delta(), finish=openai_finish_reason(ev.finish_reason), usage=usage())
                 record = tr.record("ok")
-                if include_usage:  # the usage chunk also carries the `tierserve` record, as a JSON answer does
+                if options.include_usage:  # the usage chunk also carries the `tierserve` record, as a JSON answer does
                     yield _chunk(tr, model, created, Delta(), usage=Usage.of(tr.prompt_tokens, tr.tokens),
                                  choices=False, extra={"tierserve": record})
         finished = True

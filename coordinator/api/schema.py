@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from coordinator.errors import RequestError
+from coordinator.protocol.logprobs import MAX_TOP_LOGPROBS
 from coordinator.protocol.messages import FinishReason
 
 # --- request ---------------------------------------------------------------------------------------
@@ -131,10 +132,13 @@ class ChatMessage(BaseModel):
 class StreamOptions(BaseModel):
     include_usage: bool = False
     """Send one last chunk with empty `choices` and the request's token usage."""
+    continuous_usage_stats: bool = False
+    """vLLM's extension: every chunk carries `usage` so far (completion tokens up to it), whether or not
+    include_usage asks for the last usage chunk too."""
 
 
 class ChatCompletionRequest(BaseModel):
-    """The subset of OpenAI's request we honour; other OpenAI fields (logprobs, user, tools...) are ignored.
+    """The subset of OpenAI's request we honour; other OpenAI fields (user, tools...) are ignored.
 
     Every model here keeps pydantic's default extra="ignore", so new OpenAI fields never break parsing.
     """
@@ -144,6 +148,8 @@ class ChatCompletionRequest(BaseModel):
     model: str
     messages: list[ChatMessage]
     max_tokens: int | None = None
+    """Most tokens to generate; without it (and max_completion_tokens) the model generates until it stops
+    or the context is full, as OpenAI and vLLM do."""
     max_completion_tokens: int | None = None
     """OpenAI's newer name for max_tokens; wins when both are given."""
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -156,6 +162,18 @@ class ChatCompletionRequest(BaseModel):
     ignore_eos: bool = False
     """vLLM's extension: keep generating past the end-of-sequence token until max_tokens (benchmarks
     use it to fix output lengths)."""
+    logprobs: bool | None = False
+    """Return each generated token's log-probability (`choices[].logprobs.content`)."""
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """With logprobs: also this many most likely tokens at each position (0 to 20)."""
+
+    def logprobs_k(self) -> int | None:
+        """SamplingParams.logprobs of this request: None without logprobs, else the alternatives asked for."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
 
 # --- responses -------------------------------------------------------------------------------------
@@ -194,11 +212,30 @@ class AssistantMessage(BaseModel):
     content: str | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    """The token's text as the tokenizer decodes it alone (vLLM's choice; a byte of a split character is U+FFFD)."""
+    logprob: float
+    bytes: list[int] | None = None
+    """UTF-8 bytes of `token`."""
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+    """The top_logprobs most likely tokens at this position, most likely first."""
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    """One entry per generated token, in order."""
+
+
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: OpenAIFinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
+    """Only when the request set logprobs."""
 
 
 class ChatCompletion(BaseModel):
@@ -212,6 +249,8 @@ class ChatCompletion(BaseModel):
 
 
 class Delta(BaseModel):
+    """A chunk's increment; fields that are None are left out of the chunk, as OpenAI does."""
+
     role: Literal["assistant"] | None = None
     """Set on the first chunk only."""
     content: str | None = None
@@ -221,7 +260,8 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: OpenAIFinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
+    """The logprobs of the tokens this chunk carries, when the request set logprobs."""
 
 
 class ChatCompletionChunk(BaseModel):
@@ -233,6 +273,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     """Empty on the final usage chunk (stream_options.include_usage)."""
     usage: Usage | None = None
+    """On the final usage chunk; on every chunk with stream_options.continuous_usage_stats."""
 
 
 class ModelCard(BaseModel):

@@ -17,14 +17,13 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coordinator.planner.catalog import Catalog
+from coordinator.planner.variants import DEFAULT, Variant, service_key, split_key
+from coordinator.protocol.roles import NODE_ROLES as ROLES, NodeRole as Role
 
-Role = Literal["E", "E+P", "P", "D", "P+D"]
-ROLES: tuple[Role, ...] = get_args(Role)
 CanHost = Callable[[str, Role], bool]
 """Whether a tier can play a role at all (weights fit in memory): (tier, role) -> bool."""
 
@@ -40,6 +39,31 @@ class GpuGroup(BaseModel):
     """What every GPU of the group runs; see the module docstring."""
     count: int = Field(ge=1)
     """How many GPUs."""
+    variant: Variant = DEFAULT
+    """LLM workers' weight dtype and tensor-parallel degree (variants.py): count // tp workers of tp GPUs each.
+    E GPUs hold no LLM (bf16 TP 1 only); an E+P GPU's local worker spans that one GPU (TP 1)."""
+
+    @model_validator(mode="after")
+    def _variant_fits_role(self) -> GpuGroup:
+        if self.role == "E" and not self.variant.is_default:
+            raise ValueError(f"{self.label()}: an E GPU runs no LLM worker, so it has no variant")
+        if self.role == "E+P" and self.variant.tp != 1:
+            raise ValueError(f"{self.label()}: an E+P GPU's local prefill worker runs on that GPU alone (tp 1)")
+        if self.count % self.variant.tp:
+            raise ValueError(f"{self.label()}: {self.count} GPUs do not make whole tp-{self.variant.tp} workers")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The service key its workers are timed and priced under (variants.py)."""
+        return service_key(self.tier, self.variant)
+
+    @property
+    def workers(self) -> int:
+        return self.count // self.variant.tp
+
+    def label(self) -> str:
+        return f"{self.count}x{self.key}:{self.role}"
 
 
 class Allocation(BaseModel):
@@ -52,11 +76,12 @@ class Allocation(BaseModel):
 
     @model_validator(mode="after")
     def _normalise(self) -> Allocation:
-        counts: dict[tuple[str, Role], int] = {}
+        counts: dict[tuple[str, Role, Variant], int] = {}
         for g in self.groups:
-            counts[(g.tier, g.role)] = counts.get((g.tier, g.role), 0) + g.count
-        ordered = sorted(counts.items(), key=lambda kv: (ROLES.index(kv[0][1]), kv[0][0]))
-        object.__setattr__(self, "groups", tuple(GpuGroup(tier=t, role=r, count=c) for (t, r), c in ordered))
+            counts[(g.tier, g.role, g.variant)] = counts.get((g.tier, g.role, g.variant), 0) + g.count
+        ordered = sorted(counts.items(), key=lambda kv: (ROLES.index(kv[0][1]), kv[0][0], kv[0][2].suffix()))
+        object.__setattr__(self, "groups", tuple(GpuGroup(tier=t, role=r, count=c, variant=v)
+                                                 for (t, r, v), c in ordered))
         missing = missing_stages(self.count)
         if missing:
             raise ValueError(f"allocation {self.label()} cannot serve requests: {missing}")
@@ -64,8 +89,12 @@ class Allocation(BaseModel):
 
     @classmethod
     def of(cls, *groups: tuple[int, str, Role]) -> Allocation:
-        """Allocation.of((2, "RTX4090", "E"), (2, "A100-80GB", "P+D"))."""
-        return cls(groups=tuple(GpuGroup(count=n, tier=t, role=r) for n, t, r in groups))
+        """Allocation.of((2, "RTX4090", "E"), (2, "A100-80GB[int8/tp2]", "P+D")): tiers or service keys."""
+        out = []
+        for n, key, r in groups:
+            tier, variant = split_key(key)
+            out.append(GpuGroup(count=n, tier=tier, role=r, variant=variant))
+        return cls(groups=tuple(out))
 
     def count(self, *roles: Role) -> int:
         """GPUs playing any of `roles`."""
@@ -74,6 +103,14 @@ class Allocation(BaseModel):
     def members(self, role: Role) -> list[tuple[str, int]]:
         """(tier, count) of the groups playing `role`."""
         return [(g.tier, g.count) for g in self.groups if g.role == role]
+
+    def workers(self, role: Role) -> list[tuple[str, int]]:
+        """(service key, workers) of the groups playing `role`: a tp-2 group of 4 GPUs is 2 workers."""
+        return [(g.key, g.workers) for g in self.groups if g.role == role]
+
+    def simulated_only(self) -> list[str]:
+        """Why the engine here cannot run this layout live (one reason per variant); [] when it can."""
+        return sorted({f"{g.key}: {why}" for g in self.groups if (why := g.variant.runs_live())})
 
     @property
     def gpus(self) -> int:
@@ -89,8 +126,8 @@ class Allocation(BaseModel):
         return sum(catalog.tier(g.tier).price_per_hour * g.count for g in self.groups)
 
     def label(self) -> str:
-        """E.g. "2xRTX4090:E,2xA100-80GB:P+D"; parse_allocation reads it back."""
-        return ",".join(f"{g.count}x{g.tier}:{g.role}" for g in self.groups)
+        """E.g. "2xRTX4090:E,2xA100-80GB[int8/tp2]:P+D"; parse_allocation reads it back."""
+        return ",".join(g.label() for g in self.groups)
 
 
 def missing_stages(count: Callable[..., int]) -> str:
@@ -145,8 +182,15 @@ def parse_allocation(spec: str, catalog: Catalog | None = None) -> Allocation:
     for n, tier, role in _items(spec, "allocation"):
         if role not in ROLES:
             raise ValueError(f"role {role!r} in {spec!r} is not one of {', '.join(ROLES)}")
-        groups.append((n, catalog.resolve(tier) if catalog else tier, role))
+        base, variant = split_key(tier)
+        groups.append((n, service_key(catalog.resolve(base) if catalog else base, variant), role))
     return Allocation.of(*groups)
+
+
+def worker_price(catalog: Catalog, key: str) -> float:
+    """$/h of one worker of service key `key`: its tier's price times the GPUs it spans."""
+    tier, variant = split_key(key)
+    return catalog.tier(tier).price_per_hour * variant.tp
 
 
 def _splits(n: int, parts: int) -> Iterable[tuple[int, ...]]:

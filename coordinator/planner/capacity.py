@@ -18,6 +18,8 @@ from coordinator.planner.allocation import CanHost, Role
 from coordinator.planner.arch import ModelArch
 from coordinator.planner.catalog import Catalog
 from coordinator.planner.service import Modality, ServiceTimes
+from coordinator.planner.variant_perf import kv_share, weights_per_gpu
+from coordinator.planner.variants import service_key, split_key
 
 
 class RequestShape(BaseModel):
@@ -92,14 +94,31 @@ def kv_bytes_per_request(arch: ModelArch, shape: RequestShape) -> float:
     return arch.kv_bytes_per_token() * (shape.prompt_tokens + shape.output_tokens)
 
 
+def canonical_key(catalog: Catalog, key: str) -> str:
+    """A worker's service key with its tier's canonical name: "A100[int8/tp2]" -> "A100-80GB[int8/tp2]"."""
+    tier, variant = split_key(key)
+    return service_key(catalog.resolve(tier), variant)
+
+
+def kv_room(catalog: Catalog, arch: ModelArch, key: str, cfg: CapacityConfig) -> tuple[float, float]:
+    """(bytes left for KV cache on each GPU of a `key` worker after its weights, its GPUs' share of a KV cache)."""
+    tier, variant = split_key(key)
+    memory = catalog.tier(tier).memory_gb * 1e9 * cfg.memory_utilisation
+    return memory - weights_per_gpu(arch, variant), kv_share(arch, variant)
+
+
 def fits(catalog: Catalog, arch: ModelArch, shape: RequestShape, tier: str, role: Role,
          config: CapacityConfig | None = None) -> bool:
-    """Whether `role`'s weights plus one request's KV cache fit in `tier`'s usable memory."""
+    """Whether `role`'s weights plus one request's KV cache fit in usable memory: for an LLM role, on each
+    GPU of a worker of `tier`'s variant (a service key, variants.py); an encoder needs its own weights too."""
     cfg = config or CapacityConfig()
-    memory = catalog.tier(tier).memory_gb * 1e9 * cfg.memory_utilisation
-    need = {"E": arch.encoder_weight_bytes(),
-            "E+P": arch.encoder_weight_bytes() + arch.llm_weight_bytes() + kv_bytes_per_request(arch, shape)}
-    return need.get(role, arch.llm_weight_bytes() + kv_bytes_per_request(arch, shape)) <= memory
+    room, share = kv_room(catalog, arch, tier, cfg)
+    need = kv_bytes_per_request(arch, shape) * share
+    if role == "E":
+        return arch.encoder_weight_bytes() <= room + weights_per_gpu(arch, split_key(tier)[1])
+    if role == "E+P":
+        return split_key(tier)[1].tp == 1 and arch.encoder_weight_bytes() + need <= room
+    return need <= room
 
 
 def host_check(catalog: Catalog, arch: ModelArch, shape: RequestShape,
@@ -139,8 +158,8 @@ def decode_capacity(times: ServiceTimes, catalog: Catalog, arch: ModelArch, tier
     steps = shape.output_tokens - 1
     if steps == 0:
         return math.inf, 0
-    free = catalog.tier(tier).memory_gb * 1e9 * cfg.memory_utilisation - arch.llm_weight_bytes()
-    cap = min(cfg.max_decode_batch, int(free // kv_bytes_per_request(arch, shape))) if free > 0 else 0
+    free, share = kv_room(catalog, arch, tier, cfg)
+    cap = min(cfg.max_decode_batch, int(free // (kv_bytes_per_request(arch, shape) * share))) if free > 0 else 0
     context = shape.prompt_tokens + shape.output_tokens / 2
     best, best_b = 0.0, 0
     for b in sorted({*_doublings(cap), cap}) if cap >= 1 else []:
@@ -155,9 +174,9 @@ def decode_capacity(times: ServiceTimes, catalog: Catalog, arch: ModelArch, tier
 
 def tier_capacity(times: ServiceTimes, catalog: Catalog, arch: ModelArch, tier: str, shape: RequestShape,
                   config: CapacityConfig | None = None) -> TierCapacity:
-    """Every capacity of one tier; roles that do not fit get 0."""
+    """Every capacity of one tier's worker (a tier name or a variant's service key); roles that do not fit get 0."""
     cfg = config or CapacityConfig()
-    name = catalog.resolve(tier)
+    name = canonical_key(catalog, tier)
     ok = {role: fits(catalog, arch, shape, name, role, cfg) for role in ("E", "E+P", "P")}
     c_e, b_e = encode_capacity(times, name, shape, cfg) if ok["E"] else (0.0, 1)
     c_p = prefill_capacity(times, name, shape, cfg) if ok["P"] else 0.0
@@ -169,4 +188,4 @@ def tier_capacity(times: ServiceTimes, catalog: Catalog, arch: ModelArch, tier: 
 def capacities(times: ServiceTimes, catalog: Catalog, arch: ModelArch, tiers: Iterable[str], shape: RequestShape,
                config: CapacityConfig | None = None) -> dict[str, TierCapacity]:
     """tier_capacity for each tier, keyed by canonical name (what the queueing model looks up)."""
-    return {catalog.resolve(t): tier_capacity(times, catalog, arch, t, shape, config) for t in tiers}
+    return {canonical_key(catalog, t): tier_capacity(times, catalog, arch, t, shape, config) for t in tiers}

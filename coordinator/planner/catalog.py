@@ -39,6 +39,9 @@ class Tier(BaseModel):
     """Other names accepted for this tier (matched case-insensitively), e.g. A100 for A100-80GB."""
     peak_bf16_tflops: float = Field(gt=0)
     """Dense BF16 tensor-core peak, TFLOP/s (no sparsity)."""
+    peak_fp8_tflops: float | None = Field(None, gt=0)
+    """Dense FP8 tensor-core peak, TFLOP/s; None where the tier has no FP8 tensor cores (Ampere: FP8 weights
+    then run weight-only at the BF16 rate, variants.py)."""
     memory_gb: float = Field(gt=0)
     """Device memory, GB."""
     bandwidth_gbs: float = Field(gt=0)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
+
+from coordinator.planner.durations import parse_duration_s, parse_targets
 
 EXAMPLES = """examples:
   tierserve plan --rate 5 --slo ttft=2s,tpot=100ms --gpus 2xRTX4090,2xA100 --model llava-1.5-7b
@@ -22,35 +23,17 @@ EXAMPLES = """examples:
   tierserve plan --rate 5 --slo ttft=5s,tpot=150ms --gpus 8xA100 --model ultravox --modality audio \\
       --storage sqlite:///plan.db   # run again with the same flags to continue the study
   tierserve plan --rate 4 --slo ttft=1s,tpot=100ms --model tiny-llava --live http://127.0.0.1:8000 --trials 8
+  tierserve plan --rate 2 --slo ttft=10s,tpot=100ms --gpus 4xRTX4090 --model llava-v1.6-34b --dtypes bf16,int8
 """
 
-_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}
-
-
 def parse_duration(text: str, what: str) -> float:
-    """"2s", "100ms", "0.5" (seconds) -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zµ]*)\s*", text)
-    if m is None or m.group(2) not in _UNITS:
-        raise ValueError(f"cannot read {what}={text!r}; write a number with a unit: s, ms or us (e.g. 2s, 100ms)")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"{what} must be a positive time, got {text!r}")
-    return value
+    """"2s", "100ms", "2000" (a bare number is milliseconds) -> seconds; see durations.py."""
+    return parse_duration_s(text, what, bare="ms")
 
 
 def parse_slo(text: str) -> tuple[float, float]:
-    """"ttft=2s,tpot=100ms" -> (ttft_s, tpot_s); both keys are required."""
-    found: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in ("ttft", "tpot"):
-            raise ValueError(f"cannot read SLO part {part!r} in {text!r}; write ttft=<time>,tpot=<time>, "
-                             f"e.g. ttft=2s,tpot=100ms")
-        found[key] = parse_duration(value, key)
-    missing = [k for k in ("ttft", "tpot") if k not in found]
-    if missing:
-        raise ValueError(f"the SLO {text!r} lacks {' and '.join(missing)}; write e.g. ttft=2s,tpot=100ms")
+    """"ttft=2s,tpot=100ms" (or ttft=2000,tpot=100: milliseconds) -> (ttft_s, tpot_s); both keys required."""
+    found = parse_targets(text, ("ttft", "tpot"), ("ttft", "tpot"), "--slo", "ttft=2s,tpot=100ms")
     return found["ttft"], found["tpot"]
 
 
@@ -62,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               "B, s, the SM split and stealing for goodput per dollar. Prints the plan and writes\n"
                               "the plan file.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=float, required=True, help="planned arrival rate, req/s (Lambda)")
-    p.add_argument("--slo", required=True, help="latency targets, e.g. ttft=2s,tpot=100ms")
+    p.add_argument("--slo", required=True,
+                   help="latency targets TTFT and TPOT with units (us, ms, s, min), e.g. ttft=2s,tpot=100ms; "
+                        "a bare number is milliseconds (ttft=2000 is 2 s), as in `tierserve bench --goodput`")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--budget", type=float, help="$/h to spend; tiers are chosen from the catalog")
     where.add_argument("--gpus", help="GPU inventory to plan on, e.g. 2xRTX4090,2xA100")
@@ -91,6 +76,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--profile", action="append", default=[], metavar="PATH",
                    help="measured service times (a `tierserve profile` JSON, or a directory of them; repeatable): "
                         "their tiers use the measurements, others the roofline; several of one tier are pooled")
+    p.add_argument("--dtypes", default="bf16",
+                   help="LLM weight dtypes the search may use, comma list of bf16, fp8, int8 (fp8/int8 change the "
+                        "model's outputs: opt in; the engine here runs bf16 only, so such plans are simulated only; "
+                        "default: %(default)s)")
+    p.add_argument("--tp", default="1,2,4",
+                   help="tensor-parallel degrees of LLM workers the search may use, comma list of 1, 2, 4 (TP > 1 is "
+                        "simulated only here; default: %(default)s)")
     p.add_argument("--host", default="node0", help="host name written for every GPU (default: %(default)s)")
     p.add_argument("--admin-token", help="with --live: the coordinator's --admin-token, if it has one")
     return p
@@ -109,17 +101,32 @@ def _request(a: argparse.Namespace):
     if a.budget is not None and not a.budget > 0:
         raise ValueError(f"--budget must be a positive $/h, got {a.budget}")
     tiers = tuple(t.strip() for t in a.tiers.split(",") if t.strip()) if a.tiers else None
-    return PlanRequest(model=a.model, modality=a.modality, rate=a.rate, slo=SLO(ttft_s=ttft, tpot_s=tpot),
+    variants = _variants(a.dtypes, a.tp)
+    return PlanRequest(variants=variants, model=a.model, modality=a.modality, rate=a.rate, slo=SLO(ttft_s=ttft, tpot_s=tpot),
                        budget_per_hour=a.budget, gpus=a.gpus, tiers=tiers, max_gpus=a.max_gpus,
                        requests_per_trial=a.requests, prediction_requests=a.predict_requests,
                        max_utilisation=a.max_utilisation, workload_seed=0, host=a.host,
                        catalog_files=tuple(a.catalog), profile_files=tuple(a.profile))
 
 
+def _variants(dtypes: str, tp: str):
+    from coordinator.planner.variants import DTYPES, TP_DEGREES, VariantSpace
+
+    names = tuple(d.strip().lower() for d in dtypes.split(",") if d.strip())
+    unknown = [d for d in names if d not in DTYPES]
+    if unknown or not names:
+        raise ValueError(f"--dtypes {dtypes!r}: give a comma list of {', '.join(DTYPES)}")
+    degrees = parse_counts(tp, "--tp")
+    if set(degrees) - set(TP_DEGREES):
+        raise ValueError(f"--tp {tp!r}: tensor-parallel degrees are some of {', '.join(map(str, TP_DEGREES))}")
+    return VariantSpace(dtypes=names, tp=degrees)
+
+
 def run(a: argparse.Namespace) -> int:
     """Plan, print, write; 0 on success, 2 on bad input (with the reason printed)."""
     from pydantic import ValidationError
     from rich.console import Console
+    from rich.markup import escape as markup_escape
 
     from coordinator.planner.live_http import LiveClusterError
 
@@ -143,9 +150,9 @@ def run(a: argparse.Namespace) -> int:
         with console.status("stage 1: capacities, allocations, queueing model..."):
             ctx = prepare(req)
         s1 = ctx.stage1
-        console.print(f"stage 1: {s1.considered} allocations, {s1.feasible} under {req.max_utilisation:.0%} load at "
+        console.print(markup_escape(f"stage 1: {s1.considered} allocations, {s1.feasible} under {req.max_utilisation:.0%} load at "
                       f"{req.rate:g} req/s, kept {len(s1.candidates)}: "
-                      + "; ".join(c.allocation.label() for c in s1.candidates))
+                      + "; ".join(c.allocation.label() for c in s1.candidates)))
         with search_progress(console, a.method, a.trials) as on_trial:
             if deployed is not None:
                 result = live_search(ctx, a.live, deployed, a.method, a.trials, a.seed, a.admin_token, a.storage,
@@ -156,7 +163,7 @@ def run(a: argparse.Namespace) -> int:
         path = plan.save(a.out)
     except (ValueError, ValidationError, KeyError, LiveClusterError) as exc:  # PlanError etc. are ValueErrors
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        console.print(f"[red]error:[/] {message}", highlight=False)
+        console.print(f"[red]error:[/] {markup_escape(message)}", highlight=False)
         return 2
     print_plan(console, plan, path)
     if plan.predicted.goodput_rps == 0:

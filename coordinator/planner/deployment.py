@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
 from coordinator.policies.sm_partition import SMPartitionConfig
 from coordinator.policies.work_stealing import WorkStealingConfig
+from coordinator.protocol.roles import NodeRole as Role
 
-Role = Literal["E", "E+P", "P", "D", "P+D"]
 ENCODE_ROLES = frozenset({"E", "E+P"})
 PREFILL_ROLES = frozenset({"E+P", "P", "P+D"})
 DECODE_ROLES = frozenset({"D", "P+D"})
@@ -55,6 +55,8 @@ class EngineLimits(BaseModel):
     """The LLM engines' batching limits (llm_node EngineConfig), the same on every LLM worker."""
 
     model_config = ConfigDict(frozen=True)
+    kind: Literal["reference", "vllm"] = "reference"
+    """Which engine the LLM workers run (`python -m llm_node --engine`): tierserve's reference engine or vLLM's."""
     max_num_seqs: int = Field(32, ge=1)
     """Most sequences running in one engine at once."""
     max_num_batched_tokens: int = Field(8192, ge=1)

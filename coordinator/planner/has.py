@@ -52,6 +52,10 @@ class HasConfig(BaseModel):
     """The stopping rules; min_trials is raised to the number of seeds."""
     random_startup: int = Field(2, ge=0)
     """Random proposals after the seeds before TPE models the surface (TPE needs a few points)."""
+    pass_through_seeds: bool = False
+    """Also seed each survivor at B = 1 (after every B_max seed): pass-through is the other end of the batch
+    range and, below saturation, often the best latency at the same goodput; TPE, given a few trials per
+    layout, rarely proposes it (the planner suite: Qwen2.5-VL video on 1xE+3xP+D, B=11 lost 3.5% to B=1)."""
     storage: str | None = None
     """RDB URL of a resumable study (sqlite:///plan.db); None keeps it in memory."""
     study_name: str = "tierserve-plan"
@@ -96,10 +100,10 @@ def _suggest(trial: optuna.Trial, index: int, space: KnobSpace) -> Knobs:
     return Knobs(batch=batch, s=s, split=split, stealing=steal)
 
 
-def _open_study(spaces: Sequence[KnobSpace], config: HasConfig) -> optuna.Study:
+def _open_study(spaces: Sequence[KnobSpace], config: HasConfig, n_seeds: int) -> optuna.Study:
     labels = [s.allocation.label() for s in spaces]
     sampler = optuna.samplers.TPESampler(seed=config.seed, multivariate=True, group=True,
-                                         n_startup_trials=len(spaces) + config.random_startup)
+                                         n_startup_trials=n_seeds + config.random_startup)
     try:
         study = optuna.create_study(storage=config.storage, study_name=config.study_name, direction="maximize",
                                     sampler=sampler, load_if_exists=True)
@@ -124,20 +128,41 @@ def _records(study: optuna.Study) -> list[TrialRecord]:
             for i, t in enumerate(sorted(done, key=lambda t: t.number))]
 
 
+def seed_points(spaces: Sequence[KnobSpace], config: HasConfig,
+                starts: Sequence[TrialConfig] = ()) -> list[tuple[int, Knobs]]:
+    """(space index, knobs) of every enqueued trial, in order and without repeats: the caller's `starts` (a
+    warm start: the plan in force and its neighbours, each clipped into its allocation's space), then each
+    survivor's B_max seed, then (pass_through_seeds) each survivor at B = 1."""
+    index = {s.allocation.label(): i for i, s in enumerate(spaces)}
+    points: list[tuple[int, Knobs]] = []
+    for start in starts:
+        i = index.get(start.allocation.label())
+        if i is None:
+            raise ValueError(f"warm start {start.label()} is in no search space; give its allocation a knob space "
+                             f"(planning.search adds one for every start)")
+        points.append((i, spaces[i].clip(start.knobs)))
+    points += [(i, sp.seed()) for i, sp in enumerate(spaces)]
+    if config.pass_through_seeds:
+        points += [(i, sp.seed().model_copy(update={"batch": 1})) for i, sp in enumerate(spaces)]
+    return list(dict.fromkeys(points))
+
+
 def stage2(spaces: Sequence[KnobSpace], backend: TrialBackend, config: HasConfig | None = None,
-           on_trial: OnTrial | None = None) -> SearchResult:
-    """Search the survivors' knobs with TPE until the budget is spent or a stopping rule fires."""
+           on_trial: OnTrial | None = None, starts: Sequence[TrialConfig] = ()) -> SearchResult:
+    """Search the survivors' knobs with TPE until the budget is spent or a stopping rule fires; `starts`
+    are run first (see `seed_points`)."""
     cfg = config or HasConfig()
     if not spaces:
         raise ValueError("HAS stage 2 needs at least one stage-1 survivor; stage 1 kept none")
     labels = [s.allocation.label() for s in spaces]
-    stopping = cfg.stopping.model_copy(update={"min_trials": max(cfg.stopping.min_trials, len(spaces))})
+    seeds = seed_points(spaces, cfg, starts)
+    stopping = cfg.stopping.model_copy(update={"min_trials": max(cfg.stopping.min_trials, len(seeds))})
     with _quiet_optuna():
-        study = _open_study(spaces, cfg)
+        study = _open_study(spaces, cfg, len(seeds))
         records = _records(study)
         if not study.trials:
-            for i, space in enumerate(spaces):
-                study.enqueue_trial(_params(i, space, space.seed(), labels[i] if len(spaces) > 1 else None),
+            for i, knobs in seeds:
+                study.enqueue_trial(_params(i, spaces[i], knobs, labels[i] if len(spaces) > 1 else None),
                                     user_attrs={"seeded": True})
         reason = stop_reason([r.outcome.objective for r in records], stopping)
 

@@ -20,8 +20,8 @@ from coordinator.planner.live_http import LiveClusterError
 from coordinator.planner.planning import Method, PlanContext, search
 from coordinator.planner.search import OnTrial, SearchResult
 from coordinator.policies.base import PolicyConfig
+from coordinator.protocol.roles import NODE_OF_LLM_ROLE
 
-_ROLE = {"prefill": "P", "decode": "D", "combined": "P+D"}
 
 
 def deployed_allocation(workers: list[dict], catalog: Catalog) -> Allocation:
@@ -32,8 +32,8 @@ def deployed_allocation(workers: list[dict], catalog: Catalog) -> Allocation:
         tier, role = w.get("tier") or "cpu", w.get("role")
         if role == "encode":
             roles[(tier, "E+P" if w.get("worker_id") in local else "E")] += 1
-        elif role in _ROLE and not w.get("colocated_with"):
-            roles[(tier, _ROLE[role])] += 1
+        elif role in NODE_OF_LLM_ROLE and not w.get("colocated_with"):
+            roles[(tier, NODE_OF_LLM_ROLE[role])] += 1
     if not roles:
         raise LiveClusterError("the cluster lists no workers (GET /v1/cluster); start them first (`tierserve up`)")
     return parse_allocation(",".join(f"{n}x{tier}:{role}" for (tier, role), n in roles.items()), catalog)

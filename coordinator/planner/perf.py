@@ -26,6 +26,10 @@ encode and the stack's own request latency only, which is what the per-stage tim
 cluster show (benchmarks/results/sim_fidelity.json, ttft_stages: encode and the stack's hops grow
 with load, the LLM's share does not beyond batching). Off ("none") by default: on a GPU cluster the
 stack does not share the accelerators.
+
+A deployment variant's worker (variants.py: fp8/int8 weights, tensor parallel) is asked for by its service
+key, "A100-80GB[int8/tp2]": its prefill and decode times are the bf16 one-GPU times scaled by the
+roofline's ratio of the two (variant_perf.py), so measured profiles keep their calibration.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from coordinator.planner.arch import ModelArch
 from coordinator.planner.catalog import Catalog, Tier
 from coordinator.planner.profile import Profile, ProfileOverheads
 from coordinator.planner.service import Modality
+from coordinator.planner.variant_perf import time_ratio
+from coordinator.planner.variants import split_key
 
 ACTIVATION_PASSES = 8
 """Rough count of hidden-state-sized reads/writes per layer per token (attention and MLP in/out)."""
@@ -178,9 +184,17 @@ class PerfModel:
 
     def _rates_of(self, name: str) -> _TierRates:
         rates = self._rates.get(name)
-        if rates is None:
-            rates = self._rates[name] = self._tier_rates(self.catalog.tier(name))
+        if rates is None:  # a variant's service key ("A100[int8/tp2]") shares its tier's rates
+            rates = self._rates[name] = self._tier_rates(self.catalog.tier(split_key(name)[0]))
         return rates
+
+    def _variant_ratio(self, key: str, cost: tuple[float, float], kv: float, tokens: int) -> float:
+        """Time of a variant worker over the bf16 one-GPU worker's, for a pass of that bf16 `cost`."""
+        tier_name, variant = split_key(key)
+        tier = self.catalog.tier(tier_name)
+        r = self._rates_of(key)
+        return time_ratio(self.arch, tier, variant, cost, kv, tokens, r.flops_s / tier.peak_flops,
+                          r.bytes_s / tier.bandwidth_bytes_s, r.overhead_s, self.network.host_latency_s)
 
     def roofline_s(self, tier: str | Tier, flops: float, nbytes: float) -> float:
         """Roofline time of one forward pass on one GPU of `tier`."""
@@ -190,7 +204,7 @@ class PerfModel:
     def source(self, tier: str, stage: Literal["encode", "prefill", "decode"],
                modality: Modality = "image") -> Literal["measured", "roofline"]:
         """Which model answers for `stage` on `tier`, for reports."""
-        p = self.profiles.get(self.catalog.resolve(tier))
+        p = self.profiles.get(self.catalog.resolve(split_key(tier)[0]))
         measured = p is not None and bool(
             {"encode": modality in p.encode, "prefill": p.prefill, "decode": p.decode}[stage])
         return "measured" if measured else "roofline"
@@ -248,6 +262,10 @@ class PerfModel:
         _check_counts(tokens=tokens)
         if tokens == 0:
             return 0.0
+        if "[" in tier:
+            base = self.prefill_s(split_key(tier)[0], tokens)
+            cost = prefill_cost(self.arch, tokens)
+            return base * self._variant_ratio(tier, cost, tokens * self.arch.kv_bytes_per_token(), tokens)
         p = self._profile(tier)
         measured = p.prefill_s(tokens) if p else None
         if measured is None:
@@ -260,6 +278,10 @@ class PerfModel:
             _check_counts(batch=batch, context_tokens=context_tokens)
         if batch == 0:
             return 0.0
+        if "[" in tier:
+            base = self.decode_step_s(split_key(tier)[0], batch, context_tokens)
+            kv = (context_tokens + batch) * self.arch.kv_bytes_per_token()
+            return base * self._variant_ratio(tier, decode_cost(self.arch, batch, context_tokens), kv, batch)
         p = self._profile(tier)
         measured = p.decode_step_s(batch, context_tokens) if p else None
         if measured is None:
@@ -277,7 +299,7 @@ class PerfModel:
         return found
 
     def _link_bytes_s(self, src_tier: str, dst_tier: str, same_host: bool) -> float:
-        src, dst = self.catalog.tier(src_tier), self.catalog.tier(dst_tier)
+        src, dst = self.catalog.tier(split_key(src_tier)[0]), self.catalog.tier(split_key(dst_tier)[0])
         if same_host and src.name == dst.name and src.nvlink_gbs and self.network.use_nvlink:
             return src.nvlink_gbs * 1e9
         pcie = min(src.host_link_bytes_s, dst.host_link_bytes_s)

@@ -9,6 +9,7 @@ went. `load_plan` turns every problem into a PlanFileError naming the file, the 
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -22,6 +23,7 @@ from coordinator.planner.deployment import Deployment, EngineLimits, GPUNode
 from coordinator.planner.goodput import SLO
 from coordinator.planner.service import Modality
 from coordinator.planner.trials import TrialOutcome
+from coordinator.planner.variants import Dtype, Variant, service_key, split_key
 from coordinator.planner.workload import Workload
 from coordinator.policies.base import PolicyConfig
 
@@ -48,10 +50,20 @@ class PlanNode(BaseModel):
     tpcs: int | None = Field(None, ge=1)
     """TPCs of the GPU (the catalog's), which an E+P GPU splits between encoder and local prefill; None: the
     simulator's default."""
+    dtype: Dtype = "bf16"
+    """Weight dtype of the LLM worker on this GPU (variants.py); bf16 for E GPUs."""
+    tp: int = Field(1, ge=1)
+    """GPUs the LLM worker spans (tensor parallel); the worker's GPUs are worker_gpu .. worker_gpu + tp - 1."""
+    worker_gpu: int | None = Field(None, ge=0)
+    """With tp > 1: gpu_index of the worker's first GPU (the same on every GPU of one worker); None at tp 1."""
 
     @property
     def name(self) -> str:
         return f"{self.host}/gpu{self.gpu_index}"
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(dtype=self.dtype, tp=self.tp)
 
 
 class Stage1Info(BaseModel):
@@ -127,6 +139,12 @@ class PlanFile(BaseModel):
     """Predicted goodput, latency and cost of the plan on a longer request stream than the trials'."""
     search: SearchInfo
     """How the plan was found."""
+    simulated_only: list[str] = Field(default_factory=list)
+    """Why the engine here cannot run this plan live (deployment variants it lacks: fp8/int8 weights, tensor
+    parallel); empty when it can. A plan with reasons here is simulated only."""
+    reasons: list[str] = Field(default_factory=list)
+    """Where the planner departed from what was asked, and why (planned at 100% of capacity because no layout
+    keeps the requested headroom); empty when it did not."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:
@@ -138,20 +156,35 @@ class PlanFile(BaseModel):
         missing = sorted({n.tier for n in self.nodes} - set(self.prices))
         if missing:
             raise ValueError(f"prices give no $/h for tiers {missing}; add them under prices")
+        workers = self._workers()
+        for gpus in workers:
+            first = gpus[0]
+            if len(gpus) != first.tp or any((n.tier, n.role, n.variant) != (first.tier, first.role, first.variant)
+                                            for n in gpus):
+                raise ValueError(f"worker on {first.name}: its {len(gpus)} GPUs must be {first.tp} (its tp) of one "
+                                 f"tier, role and dtype")
         self.allocation()  # raises if some stage has no GPU
         return self
 
+    def _workers(self) -> list[list[PlanNode]]:
+        """The GPUs of each LLM or encode worker, in node order (a tp > 1 worker groups by worker_gpu)."""
+        groups: dict[tuple[str, int], list[PlanNode]] = {}
+        for n in self.nodes:
+            groups.setdefault((n.host, n.gpu_index if n.worker_gpu is None else n.worker_gpu), []).append(n)
+        return list(groups.values())
+
     def allocation(self) -> Allocation:
-        """The nodes as an Allocation (roles counted per tier)."""
-        return Allocation.of(*((1, n.tier, n.role) for n in self.nodes))
+        """The nodes as an Allocation (roles counted per tier and variant)."""
+        counts = Counter((service_key(n.tier, n.variant), n.role) for n in self.nodes)
+        return Allocation.of(*((n, key, role) for (key, role), n in counts.items()))
 
     def cost_per_hour(self) -> float:
         return sum(self.prices[n.tier] for n in self.nodes)
 
     def deployment(self) -> Deployment:
         """The plan as the simulator (and the launcher) take a deployment."""
-        return Deployment(nodes=[GPUNode(tier=n.tier, role=n.role, host=n.host, name=n.name, tpcs=n.tpcs)
-                                 for n in self.nodes],
+        return Deployment(nodes=[GPUNode(tier=service_key(w[0].tier, w[0].variant), role=w[0].role, host=w[0].host,
+                                         name=w[0].name, tpcs=w[0].tpcs) for w in self._workers()],
                           batch=self.policy.batch, offload=self.policy.offload, partition=self.policy.partition,
                           stealing=self.policy.stealing, engine=self.engine)
 
@@ -172,6 +205,18 @@ class PlanFile(BaseModel):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_yaml())
         return path
+
+
+def plan_nodes(deployment: Deployment, host: str) -> list[PlanNode]:
+    """One PlanNode per GPU of `deployment` (whose nodes are workers, timed under service keys), numbered from 0."""
+    nodes: list[PlanNode] = []
+    for worker in deployment.nodes:
+        tier, variant = split_key(worker.tier)
+        first = len(nodes)
+        for i in range(variant.tp):
+            nodes.append(PlanNode(host=host, gpu_index=first + i, tier=tier, role=worker.role, tpcs=worker.tpcs,
+                                  dtype=variant.dtype, tp=variant.tp, worker_gpu=first if variant.tp > 1 else None))
+    return nodes
 
 
 def load_plan(path: str | Path) -> PlanFile:

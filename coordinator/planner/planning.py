@@ -8,17 +8,19 @@
 request, the allocations (within a budget or an inventory), each tier's capacities and HAS stage 1.
 Stage 1 ranks by price here (Stage1Config.rank_by="price"): at a fixed planned rate every layout that
 keeps up delivers the same goodput, so the cheapest with headroom wins; `max_utilisation` is that
-headroom. Every user mistake surfaces as a PlanError whose message says what to change.
+headroom; when no layout keeps it but some keep up at all (every stage under 100 % busy), the planner plans
+among those and says so in the plan's reasons rather than refusing. Every user mistake surfaces as a
+PlanError whose message says what to change.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from coordinator.planner.allocation import (
     Allocation,
@@ -27,6 +29,7 @@ from coordinator.planner.allocation import (
     enumerate_inventory,
     parse_inventory,
 )
+from coordinator.planner.allocation_variants import expand, hosts_some_variant
 from coordinator.planner.arch import ModelArch, get_arch
 from coordinator.planner.capacity import (
     CapacityConfig,
@@ -36,10 +39,11 @@ from coordinator.planner.capacity import (
     host_check,
 )
 from coordinator.planner.catalog import Catalog, CatalogError, load_catalog
-from coordinator.planner.goodput import SLO
+from coordinator.planner.deployment import Deployment
 from coordinator.planner.has import HasConfig, stage2
 from coordinator.planner.perf import PerfModel
-from coordinator.planner.planfile import PlanFile, PlanNode, SearchInfo, Stage1Info
+from coordinator.planner.plan_request import PlanError, PlanRequest
+from coordinator.planner.planfile import PlanFile, SearchInfo, Stage1Info, plan_nodes
 from coordinator.planner.profile import load_profiles
 from coordinator.planner.queueing import (
     Candidate,
@@ -53,11 +57,17 @@ from coordinator.planner.scenarios import default_workload, mean_shape
 from coordinator.planner.search import (
     OnTrial,
     SearchResult,
+    TrialRecord,
     coordinate_search,
     random_search,
 )
-from coordinator.planner.service import Modality
-from coordinator.planner.space import KnobSpace, can_steal, full_space, s_is_a_knob
+from coordinator.planner.space import (
+    KnobSpace,
+    TrialConfig,
+    can_steal,
+    full_space,
+    s_is_a_knob,
+)
 from coordinator.planner.stopping import StoppingConfig
 from coordinator.planner.trials import (
     SimBackend,
@@ -65,69 +75,10 @@ from coordinator.planner.trials import (
     TrialBackend,
     TrialOutcome,
 )
+from coordinator.planner.validation import validated_best
 from coordinator.planner.workload import Workload
 
 Method = Literal["has", "random", "coordinate"]
-
-
-class PlanError(ValueError):
-    """The planning problem cannot be solved as asked; the message says what to change."""
-
-
-class PlanRequest(BaseModel):
-    """What to plan for."""
-
-    model_config = ConfigDict(frozen=True, protected_namespaces=())
-
-    model: str
-    """Model preset (llava-1.5-7b, ...), tiny-llava, or a LLaVA-style checkpoint directory."""
-    modality: Modality | None = None
-    """The workload's modality; None: the model's first (image for vision models)."""
-    rate: float = Field(gt=0, allow_inf_nan=False)
-    """Lambda: planned arrival rate, req/s."""
-    slo: SLO
-    """Latency targets goodput is judged by."""
-    budget_per_hour: float | None = Field(None, gt=0)
-    """Plan within this many $/h, choosing tiers from the catalog (exclusive with gpus)."""
-    gpus: str | None = None
-    """Plan on this inventory, e.g. "2xRTX4090,2xA100" (exclusive with budget_per_hour)."""
-    tiers: tuple[str, ...] | None = None
-    """Budget mode: tiers to choose from; None = every GPU tier of the catalog."""
-    max_gpus: int = Field(8, ge=2)
-    """Budget mode: most GPUs in one plan."""
-    requests_per_trial: int = Field(100, ge=1)
-    """Requests each trial replays (EAServe: 100)."""
-    prediction_requests: int = Field(2000, ge=1)
-    """Requests of the longer run the plan's prediction comes from."""
-    max_utilisation: float = Field(0.85, gt=0, le=1)
-    """Stage 1 drops layouts whose busiest stage would run above this (latency headroom)."""
-    max_num_seqs: int = Field(32, ge=1)
-    """Most sequences per LLM engine (llm_node's default 32; vLLM's is 256); memory may lower it per layout.
-    Stage 1's decode capacities use the same cap, so the queueing model and the simulator agree."""
-    workload_seed: int = 0
-    """Seed of the trial request stream (the prediction uses the next seed: traffic the search never saw)."""
-    host: str = "node0"
-    """Host name written for every GPU in the plan file (edit the file for multi-host clusters)."""
-    catalog_files: tuple[str, ...] = ()
-    """User catalog files merged over the built-in one (extra tiers, prices)."""
-    profile_files: tuple[str, ...] = ()
-    """Measured profiles (`tierserve profile` files, or directories of them): their tiers' service times
-    come from the measurements, the others' from the roofline; several of one tier are pooled."""
-    s_star: Literal["balanced", "as_stated"] = "balanced"
-    """Centre of HAS's s window. as_stated: C_remote / (C_remote + C_local), EAServe's formula as DESIGN
-    restates it (queueing.s_window). balanced: C_local / (C_remote + C_local), the local share that loads
-    local and remote prefill equally. With s the LOCAL share the stated formula sends most prefills to the
-    weaker side; the simulator agrees (benchmarks/planner_search.py runs both), hence the default."""
-
-    @model_validator(mode="after")
-    def _one_source(self) -> PlanRequest:
-        if (self.budget_per_hour is None) == (self.gpus is None):
-            raise ValueError("give exactly one of a budget ($/h) or a GPU inventory (e.g. 2xRTX4090,2xA100)")
-        return self
-
-    def digest(self) -> str:
-        """Short hash of the problem: the default study name, so one storage file can hold many plans."""
-        return hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:10]
 
 
 @dataclass
@@ -147,9 +98,16 @@ class PlanContext:
     feasible: list[Allocation]
     """Allocations under the utilisation ceiling: what the baselines search."""
     backend: SimBackend
+    notes: list[str]
+    """Why the plan departs from the request's settings (planned at 100% of capacity); copied to the plan."""
 
 
 def _allocations(req: PlanRequest, catalog: Catalog, can_host: CanHost) -> list[Allocation]:
+    """The role layouts of the inventory or budget, each in the deployment variants that fit."""
+    return expand(_layouts(req, catalog, hosts_some_variant(can_host, req.variants)), req.variants, can_host)
+
+
+def _layouts(req: PlanRequest, catalog: Catalog, can_host: CanHost) -> list[Allocation]:
     if req.gpus is not None:
         inventory = parse_inventory(req.gpus, catalog)
         found = enumerate_inventory(inventory, can_host)
@@ -194,22 +152,45 @@ def prepare(req: PlanRequest) -> PlanContext:
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise PlanError(f"--profile: {message}") from None
-    tiers = sorted({g.tier for a in allocations for g in a.groups})
+    tiers = sorted({g.key for a in allocations for g in a.groups})
     caps = capacities(perf, catalog, arch, tiers, shape,
                       CapacityConfig(tpot_slo_s=req.slo.tpot_s, max_decode_batch=req.max_num_seqs))
-    cfg = Stage1Config(rank_by="price", max_score=req.max_utilisation)
-    result = stage1(allocations, req.rate, caps, catalog, cfg)
+    cfg = Stage1Config(rank_by="price", max_score=req.max_utilisation, alpha=None)
+    tight = stage1(allocations, req.rate, caps, catalog, cfg.model_copy(update={"max_score": 1.0}))
+    kept, notes = stage1(allocations, req.rate, caps, catalog, cfg), []
+    if not kept.candidates and tight.candidates:
+        kept, cfg = tight, cfg.model_copy(update={"max_score": 1.0})
+        notes.append(f"planned at 100% of capacity: no layout keeps every stage under {req.max_utilisation:.0%} "
+                     f"busy at {req.rate:g} req/s (the latency headroom), so stage 1 kept the cheapest that keep "
+                     f"up at all; expect queueing near the SLO")
+    result = _with_tight_candidates(kept, tight)
     feasible = [a for a in allocations if stage_loads(a, req.rate, caps, cfg.alpha).score < cfg.max_score]
     if not result.candidates:
         best = min(allocations, key=lambda a: stage_loads(a, req.rate, caps, cfg.alpha).score)
         loads = stage_loads(best, req.rate, caps, cfg.alpha)
-        raise PlanError(f"no allocation keeps every stage under {req.max_utilisation:.0%} busy at {req.rate:g} req/s: "
-                        f"the least loaded, {best.label()}, has rho_E={loads.rho_e:.2f} rho_P={loads.rho_p:.2f} "
+        raise PlanError(f"no allocation keeps up with {req.rate:g} req/s even at 100% busy: the least loaded, "
+                        f"{best.label()}, has rho_E={loads.rho_e:.2f} rho_P={loads.rho_p:.2f} "
                         f"rho_D={loads.rho_d:.2f}; lower --rate, add GPUs or raise --budget")
     backend = SimBackend(catalog, arch, perf, workload, req.slo, shape, SimSettings(
         requests=req.requests_per_trial, workload_seed=req.workload_seed, host=req.host, max_num_seqs=req.max_num_seqs))
     return PlanContext(req, catalog, arch, perf, workload, shape, can_host, allocations, caps, result, feasible,
-                       backend)
+                       backend, notes)
+
+
+def _with_tight_candidates(kept: Stage1Result, tight: Stage1Result) -> Stage1Result:
+    """Stage 1's survivors plus the cheapest layouts the queueing model says keep up at all (every stage
+    under 100 % busy; up to stage 1's top K) that are cheaper than every survivor: the headroom
+    (max_utilisation) is a guess about latency, which the simulator measures, and the planner suite found
+    the cheapest layouts just above it (a $1/h pair of RTX 4090s serving LLaVA-1.5-7B at 5 req/s within
+    the SLO, rho_D = 0.852). Several, not one: at one price the least loaded by the model is not always
+    the best in the simulator (Qwen2.5-VL video at 10.9 req/s: 1xE+3xP+D beats the 2xE+P layout the
+    model ranks first, both $2/h)."""
+    if not kept.candidates:
+        return kept
+    cheapest = min(c.cost_per_hour for c in kept.candidates)
+    labels = {c.allocation.label() for c in kept.candidates}
+    extra = [c for c in tight.candidates if c.cost_per_hour < cheapest and c.allocation.label() not in labels]
+    return kept.model_copy(update={"candidates": (*kept.candidates, *extra)}) if extra else kept
 
 
 def s_seed(candidate: Candidate, rule: Literal["balanced", "as_stated"],
@@ -240,19 +221,34 @@ def baseline_spaces(ctx: PlanContext) -> list[KnobSpace]:
 
 def search(ctx: PlanContext, method: Method = "has", trials: int = 30, seed: int = 0, storage: str | None = None,
            study_name: str | None = None, on_trial: OnTrial | None = None, stopping: StoppingConfig | None = None,
-           backend: TrialBackend | None = None, only: Allocation | None = None) -> SearchResult:
+           backend: TrialBackend | None = None, only: Allocation | None = None,
+           starts: Sequence[TrialConfig] = ()) -> SearchResult:
     """Run one searcher with `trials` trials on `backend` (default: the simulator); `only`: search the knobs
-    of that allocation alone (a live cluster, whose layout the admin endpoint cannot change)."""
+    of that allocation alone (a live cluster, whose layout the admin endpoint cannot change); `starts` (HAS
+    only): configurations run first, each layout searched too even if stage 1 dropped it (a warm start,
+    warm_start.py)."""
     backend = backend or ctx.backend
     if method == "has":
         name = study_name or f"plan-{ctx.request.digest()}-seed{seed}" + (f"-{only.label()}" if only else "")
-        cfg = HasConfig(trials=trials, seed=seed, storage=storage, study_name=name,
+        cfg = HasConfig(trials=trials, seed=seed, storage=storage, study_name=name, pass_through_seeds=True,
                         stopping=stopping or StoppingConfig())
-        return stage2(_only(has_spaces(ctx), only, ctx), backend, cfg, on_trial)
+        return stage2(_with_starts(_only(has_spaces(ctx), only, ctx), starts, ctx), backend, cfg, on_trial, starts)
+    if starts:
+        raise PlanError(f"warm starts are for HAS; the {method} baseline starts where its seed puts it")
     if storage is not None:
         raise PlanError(f"--storage resumes HAS studies only; the {method} baseline keeps no study")
     searcher = random_search if method == "random" else coordinate_search
     return searcher(_only(baseline_spaces(ctx), only, ctx), backend, trials, seed, on_trial)
+
+
+def _with_starts(spaces: list[KnobSpace], starts: Sequence[TrialConfig], ctx: PlanContext) -> list[KnobSpace]:
+    """`spaces` plus an unpruned space for each start's layout that stage 1 did not keep."""
+    have = {s.allocation.label() for s in spaces}
+    for start in starts:
+        if start.allocation.label() not in have:
+            have.add(start.allocation.label())
+            spaces = [*spaces, _only([], start.allocation, ctx)[0]]
+    return spaces
 
 
 def _only(spaces: list[KnobSpace], only: Allocation | None, ctx: PlanContext) -> list[KnobSpace]:
@@ -270,14 +266,22 @@ def service_time_source(perf: PerfModel, tier: str) -> str:
     return "roofline" if profile is None else f"measured: {profile.source or profile.measured_at}"
 
 
-def make_plan(ctx: PlanContext, result: SearchResult, seed: int = 0, storage: str | None = None) -> PlanFile:
-    """The winner as a plan file, its prediction re-simulated on `prediction_requests` unseen requests."""
+def pick(ctx: PlanContext, result: SearchResult, top: int = 3) -> tuple[TrialRecord, Deployment, TrialOutcome]:
+    """The plan's trial, its deployment and its prediction: the search's `top` finalists re-run on the
+    prediction stream (`prediction_requests` unseen requests), the best kept (validation.py)."""
     req = ctx.request
-    best = result.best()
-    dep, summary = ctx.backend.run(best.config, requests=req.prediction_requests, seed=req.workload_seed + 1)
-    predicted = TrialOutcome.from_summary(summary, best.config.allocation.cost_per_hour(ctx.catalog), "sim")
-    nodes = [PlanNode(host=req.host, gpu_index=i, tier=n.tier, role=n.role, tpcs=n.tpcs)
-             for i, n in enumerate(dep.nodes)]
+    return validated_best(result, lambda c: ctx.backend.run(c, requests=req.prediction_requests,
+                                                            seed=req.workload_seed + 1),
+                          lambda c: c.allocation.cost_per_hour(ctx.catalog), top)
+
+
+def make_plan(ctx: PlanContext, result: SearchResult, seed: int = 0, storage: str | None = None,
+              picked: tuple[TrialRecord, Deployment, TrialOutcome] | None = None) -> PlanFile:
+    """The winner as a plan file, its prediction re-simulated on `prediction_requests` unseen requests;
+    `picked`: a winner chosen otherwise (warm_start.warm_pick), with its deployment and prediction."""
+    req = ctx.request
+    best, dep, predicted = picked or pick(ctx, result)
+    nodes = plan_nodes(dep, req.host)
     prices = {t: ctx.catalog.tier(t).price_per_hour for t in sorted({n.tier for n in nodes})}
     stage1_info = Stage1Info(considered=ctx.stage1.considered, feasible=ctx.stage1.feasible,
                              kept=[c.allocation.label() for c in ctx.stage1.candidates])
@@ -289,4 +293,5 @@ def make_plan(ctx: PlanContext, result: SearchResult, seed: int = 0, storage: st
                       service_times={t: service_time_source(ctx.perf, t) for t in prices})
     return PlanFile(model=ctx.arch.name, modality=ctx.shape.modality, nodes=nodes, policy=best.config.knobs.policy(),
                     engine=dep.engine, slo=req.slo, workload=ctx.workload, prices=prices, predicted=predicted,
-                    search=info)
+                    search=info, simulated_only=best.config.allocation.simulated_only(),
+                    reasons=list(ctx.notes))

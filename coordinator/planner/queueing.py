@@ -17,7 +17,8 @@ never hands off or takes KV caches). A share f of the requests takes the split p
 with f = min(S_P, S_D) / (min(S_P, S_D) + S_C), the routing that loads both paths' bottlenecks
 equally. Without P+D GPUs f = 1 and rho_P is EAServe's Lambda / (C_P (n_P + n_L alpha)): a local
 prefill worker on an encode GPU counts as alpha of a full one (alpha = the encode GPU's memory
-budget share for it). Encoding keeps the whole GPU in rho_E: the SM split is stage 2's knob. Work
+budget share for it; the planner uses alpha = 1 - rho_E instead, the time the encoder leaves idle).
+Encoding keeps the whole GPU in rho_E: the SM split is stage 2's knob. Work
 stealing is not modelled here (it only adds capacity).
 
 score = max(rho_E, rho_P, rho_D). Filters: drop any rho >= 1, drop scores above 1.2x the best, keep
@@ -76,21 +77,24 @@ def _cap(alloc: Allocation, caps: Mapping[str, TierCapacity], tier: str) -> Tier
 
 
 def _sum(alloc: Allocation, role: Role, caps: Mapping[str, TierCapacity], field: str) -> float:
-    return sum(n * getattr(_cap(alloc, caps, tier), field) for tier, n in alloc.members(role))
+    """Sum over the role's workers (a tensor-parallel worker of several GPUs counts once, at its own capacity)."""
+    return sum(n * getattr(_cap(alloc, caps, key), field) for key, n in alloc.workers(role))
 
 
-def stage_loads(alloc: Allocation, rate: float, caps: Mapping[str, TierCapacity], alpha: float) -> StageLoads:
-    """rho_E, rho_P, rho_D of `alloc` at arrival rate `rate` (req/s); see the module docstring."""
+def stage_loads(alloc: Allocation, rate: float, caps: Mapping[str, TierCapacity], alpha: float | None) -> StageLoads:
+    """rho_E, rho_P, rho_D of `alloc` at arrival rate `rate` (req/s); see the module docstring. alpha None: a
+    local prefill worker gets the share of its GPU the encoder leaves idle, 1 - rho_E (time sharing)."""
     if rate <= 0:
         raise ValueError(f"arrival rate must be > 0 req/s, got {rate!r}")
-    if not 0 <= alpha <= 1:
+    if alpha is not None and not 0 <= alpha <= 1:
         raise ValueError(f"alpha (encode-GPU memory share for local prefill) must be in [0, 1], got {alpha!r}")
     c_e = _sum(alloc, "E", caps, "encode") + _sum(alloc, "E+P", caps, "encode")
-    c_local = alpha * _sum(alloc, "E+P", caps, "local_prefill")
+    share = alpha if alpha is not None else max(0.0, 1.0 - _rho(rate, c_e))
+    c_local = share * _sum(alloc, "E+P", caps, "local_prefill")
     s_p = _sum(alloc, "P", caps, "prefill") + c_local
     s_d = _sum(alloc, "D", caps, "decode")
     s_c = 0.0
-    for tier, n in alloc.members("P+D"):
+    for tier, n in alloc.workers("P+D"):
         p, d = _cap(alloc, caps, tier).prefill, _cap(alloc, caps, tier).decode
         s_c += n / (1 / p + 1 / d) if p > 0 and d > 0 else 0.0
     split = min(s_p, s_d)
@@ -130,9 +134,11 @@ class Stage1Config(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    alpha: float = Field(0.5, ge=0, le=1)
+    alpha: float | None = Field(0.5, ge=0, le=1)
     """Encode-GPU memory budget share of a local prefill worker (its weight in rho_P); an assumption:
-    the seeds give no value."""
+    the seeds give no value. None: the share the encoder leaves idle, 1 - rho_E (the planner's choice: a
+    constant 0.5 priced a lightly loaded E+P GPU's prefill at half and hid the cheapest layouts; see
+    benchmarks/results/planner_suite.md)."""
     slack: float = Field(1.2, ge=1)
     """Drop allocations ranking worse than slack x the best."""
     top_k: int = Field(3, ge=1)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -46,11 +47,17 @@ def _seconds(value: float) -> str:
 def print_plan(console: Console, plan: PlanFile, path: Path) -> None:
     """The nodes, the knobs and the prediction of `plan`, and where it was written."""
     nodes = Table(title=f"plan for {plan.model} ({plan.modality}) at {plan.workload.arrivals.rate:g} req/s")
-    for column in ("host", "gpu", "tier", "role", "$/h"):
+    for column in ("host", "gpu", "tier", "role", "variant", "$/h"):
         nodes.add_column(column, justify="right" if column in ("gpu", "$/h") else "left")
     for n in plan.nodes:
-        nodes.add_row(n.host, str(n.gpu_index), n.tier, n.role, f"{plan.prices[n.tier]:.2f}")
+        variant = "" if n.role == "E" else f"{n.dtype}" + (f", tp{n.tp} from gpu{n.worker_gpu}" if n.tp > 1 else "")
+        nodes.add_row(n.host, str(n.gpu_index), n.tier, n.role, variant, f"{plan.prices[n.tier]:.2f}")
     console.print(nodes)
+    if plan.simulated_only:
+        console.print("[yellow]simulated only:[/] the engine here cannot run this plan live: "
+                      + escape("; ".join(plan.simulated_only)), highlight=False)
+    for reason in plan.reasons:
+        console.print("[yellow]note:[/] " + escape(reason), highlight=False)
 
     p = plan.policy
     knobs = Table(title="policy knobs", show_header=False)

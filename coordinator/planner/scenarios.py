@@ -19,6 +19,7 @@ from coordinator.planner.capacity import (
     CapacityConfig,
     RequestShape,
     kv_bytes_per_request,
+    kv_room,
 )
 from coordinator.planner.catalog import Catalog
 from coordinator.planner.deployment import EngineLimits
@@ -125,8 +126,8 @@ def engine_limits(catalog: Catalog, arch: ModelArch, shape: RequestShape, llm_ti
     cfg = capacity or CapacityConfig()
     per_request = kv_bytes_per_request(arch, shape)
     fits = [max_num_seqs]
-    for tier in llm_tiers:
-        free = catalog.tier(tier).memory_gb * 1e9 * cfg.memory_utilisation - arch.llm_weight_bytes()
-        fits.append(max(1, math.floor(free / per_request)) if free > 0 else 1)
+    for tier in llm_tiers:  # a tier name or a variant's service key: the room on each of its GPUs
+        free, share = kv_room(catalog, arch, tier, cfg)
+        fits.append(max(1, math.floor(free / (per_request * share))) if free > 0 else 1)
     seqs = min(fits)
     return EngineLimits(max_num_seqs=seqs, max_num_batched_tokens=max(8192, seqs, longest_prompt))

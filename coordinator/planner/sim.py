@@ -48,14 +48,12 @@ from coordinator.planner.sim_gpu import SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
 from coordinator.planner.workload import SimRequest
+from coordinator.protocol.roles import LLM_ROLE_OF_NODE, STAGES_OF_NODE
 from coordinator.policies.offload import OffloadCounts, OffloadRouter
 from coordinator.policies.registry import make_batch_policy
 from coordinator.policies.sm_partition import SMPartition
 from coordinator.policies.work_stealing import WorkStealing
 
-_STAGES = {"E": {"encode"}, "E+P": {"encode", "prefill"}, "P": {"prefill"}, "D": {"decode"},
-           "P+D": {"prefill", "decode"}}
-_ENGINE_ROLE = {"P": "prefill", "D": "decode", "P+D": "combined"}
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ class Cluster:
         ws_cfg = deployment.stealing
         for name, node in zip(deployment.names, deployment.nodes):
             steals = node.role == "E" and ws_cfg.enabled
-            stages = _STAGES[node.role] | ({"stolen"} if steals else set())
+            stages = STAGES_OF_NODE[node.role] | ({"stolen"} if steals else set())
             usage = NodeUsage(name, node.tier, node.role, stages=frozenset(stages))
             self.usage.append(usage)
             if node.role in ("E", "E+P"):
@@ -121,7 +119,7 @@ class Cluster:
                     self, usage, node.host, make_batch_policy(deployment.batch), OffloadRouter(deployment.offload.s),
                     gpu, WorkStealing(ws_cfg) if steals else None))
                 continue
-            llm = LLMNode(self, usage, node.host, _ENGINE_ROLE[node.role])
+            llm = LLMNode(self, usage, node.host, LLM_ROLE_OF_NODE[node.role])
             (self.decoders if node.role == "D" else self.remote_prefill).append(llm)
         self.has_remote_prefill = bool(self.remote_prefill)
         self.saturation_load = deployment.offload.saturation_load

@@ -28,11 +28,10 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
 
 from coordinator.planner.goodput import RequestRecord
+from coordinator.protocol.roles import LLMRole
 
-EngineRole = Literal["prefill", "decode", "combined"]
 
 
 @dataclass(slots=True)
@@ -85,7 +84,7 @@ class StepResult:
 class EngineModel:
     """Waiting queue and running set of one engine; no clock (the caller times each StepPlan)."""
 
-    def __init__(self, role: EngineRole, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, role: LLMRole, max_num_seqs: int, max_num_batched_tokens: int,
                  padded: bool = False) -> None:
         self.role = role
         self.padded = padded

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.planner.goodput import NodeUsage
-from coordinator.planner.sim_engine import EngineModel, EngineRole, Flight, StepPlan, StepResult
+from coordinator.planner.sim_engine import EngineModel, Flight, StepPlan, StepResult
+from coordinator.protocol.roles import LLMRole
 from coordinator.planner.sim_events import EventQueue
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ MAX_COAST_STEPS = 32
 class Engine:
     """An EngineModel on one node: times its steps with ServiceTimes and settles each step's records."""
 
-    def __init__(self, cluster: Cluster, node: str, tier: str, host: str | None, role: EngineRole) -> None:
+    def __init__(self, cluster: Cluster, node: str, tier: str, host: str | None, role: LLMRole) -> None:
         self.cluster = cluster
         self.node = node
         self.tier = tier
@@ -127,7 +128,7 @@ class Coast:
 class LLMNode:
     """A P, D or P+D GPU: one engine stepping back to back while it has work."""
 
-    def __init__(self, cluster: Cluster, usage: NodeUsage, host: str | None, role: EngineRole) -> None:
+    def __init__(self, cluster: Cluster, usage: NodeUsage, host: str | None, role: LLMRole) -> None:
         self.cluster = cluster
         self.name, self.tier, self.host = usage.name, usage.tier, host
         self.usage = usage

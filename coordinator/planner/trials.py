@@ -18,7 +18,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.planner.allocation import Allocation
+from coordinator.planner.allocation import Allocation, worker_price
 from coordinator.planner.arch import ModelArch
 from coordinator.planner.capacity import RequestShape
 from coordinator.planner.catalog import Catalog
@@ -105,13 +105,14 @@ class SimSettings(BaseModel):
 
 
 def allocation_nodes(catalog: Catalog, allocation: Allocation, host: str) -> list[GPUNode]:
-    """One GPUNode per GPU, numbered per host as the plan file numbers them ("node0/gpu3")."""
-    nodes = []
+    """One GPUNode per worker, named by its first GPU as the plan file numbers GPUs ("node0/gpu3"); a
+    tensor-parallel worker spans tp GPUs and is timed under its service key (variants.py)."""
+    nodes, gpu = [], 0
     for group in allocation.groups:
         tpcs = catalog.tier(group.tier).tpcs
-        for _ in range(group.count):
-            nodes.append(GPUNode(tier=group.tier, role=group.role, host=host, name=f"{host}/gpu{len(nodes)}",
-                                 tpcs=tpcs))
+        for _ in range(group.workers):
+            nodes.append(GPUNode(tier=group.key, role=group.role, host=host, name=f"{host}/gpu{gpu}", tpcs=tpcs))
+            gpu += group.variant.tp
     return nodes
 
 
@@ -135,7 +136,7 @@ class SimBackend:
         """Simulations actually run (a repeated configuration is answered from the memo)."""
 
     def engine(self, allocation: Allocation, longest_prompt: int) -> EngineLimits:
-        tiers = sorted({g.tier for g in allocation.groups if g.role != "E"})
+        tiers = sorted({g.key for g in allocation.groups if g.role != "E"})
         return engine_limits(self.catalog, self.arch, self.shape, tiers, longest_prompt, self.settings.max_num_seqs)
 
     def deployment(self, config: TrialConfig, longest_prompt: int | None = None) -> Deployment:
@@ -156,7 +157,7 @@ class SimBackend:
         sim = Simulator(dep, self.service, kv_bytes_per_token=self.arch.kv_bytes_per_token(),
                         embedding_bytes_per_token=self.arch.embedding_bytes(1))
         self.runs += 1
-        prices = {n.tier: self.catalog.tier(n.tier).price_per_hour for n in dep.nodes}
+        prices = {n.tier: worker_price(self.catalog, n.tier) for n in dep.nodes}
         return dep, sim.run(reqs).summary(self.slo, dep.node_prices(prices))
 
     def evaluate(self, config: TrialConfig) -> TrialOutcome:

@@ -13,16 +13,13 @@ class Keys:
 
     @property
     def workers(self) -> str:
-        """Hash: worker_id -> WorkerInfo JSON."""
+        """Sorted set: worker_id -> wall-clock time of its last heartbeat (the registry's index)."""
         return f"{self.prefix}:workers"
 
-    def heartbeat(self, worker_id: str) -> str:
-        """String with a TTL; the worker is alive while it exists."""
-        return f"{self.prefix}:hb:{worker_id}"
-
-    def load(self, worker_id: str) -> str:
-        """String (JSON): the worker's in-flight request count and policy stats, sent with each heartbeat."""
-        return f"{self.prefix}:load:{worker_id}"
+    def worker(self, worker_id: str) -> str:
+        """String (JSON WorkerRecord): the worker's info, load and stats, with a TTL every heartbeat renews;
+        the worker is alive while it exists."""
+        return f"{self.prefix}:worker:{worker_id}"
 
     def jobs(self, worker_id: str) -> str:
         """Stream of Job messages for one worker."""
@@ -31,6 +28,16 @@ class Keys:
     def tokens(self, request_id: str) -> str:
         """Stream of TokenEvent messages for one request (TTL'd after the request ends)."""
         return f"{self.prefix}:tok:{request_id}"
+
+    def replies(self, coordinator_instance: str) -> str:
+        """Stream of TokenEvent messages of every request one coordinator process relays (job.reply_to)."""
+        return f"{self.prefix}:replies:{coordinator_instance}"
+
+    @property
+    def epoch(self) -> str:
+        """String set by the coordinator at start; its absence means Redis lost its contents (a restart
+        without persistence, or FLUSHALL)."""
+        return f"{self.prefix}:epoch"
 
     def media(self, request_id: str, index: int) -> str:
         """Raw media bytes of one request part (TTL'd)."""
@@ -45,6 +52,12 @@ class Keys:
     def encoder_idle(self) -> str:
         """Pub/sub channel: encode worker ids whose job stream just ran empty (work-conserving dispatch)."""
         return f"{self.prefix}:encoder-idle"
+
+    @property
+    def warming(self) -> str:
+        """Set of worker ids registered but not routed to yet (a plan switch starts a layout's workers warming and
+        releases them together once all are up); the registry reports them as draining."""
+        return f"{self.prefix}:warming"
 
     @property
     def policy(self) -> str:

@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+import uuid
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from coordinator.protocol.logprobs import MAX_TOP_LOGPROBS, PackedLogprobs, TokenLogprobs
+from coordinator.protocol.roles import Role
 from transport.wire import TensorDescriptor
 
-Role = Literal["encode", "prefill", "decode", "combined"]
 FinishReason = Literal["stop", "length", "abort", "error"]
 Modality = Literal["image", "video", "audio"]
 
@@ -33,6 +35,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     return_logits: bool = False
     """Debug: attach each step's full logits to the token events (exactness tests)."""
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Return each generated token's log-probability and its `logprobs` most likely alternatives (0: the
+    token's own only); None: none. Engines report the model's raw distribution (TokenLogprobs)."""
 
 
 class Timing(BaseModel):
@@ -62,6 +67,15 @@ class _Job(BaseModel):
     arrival: float
     """Coordinator wall-clock time the request arrived (time.time())."""
     timing: Timing = Field(default_factory=Timing)
+    attempt: int = Field(0, ge=0)
+    """0 for the first run; the coordinator's n-th re-run after a worker holding the request died. Every
+    TokenEvent carries it, so the coordinator ignores what a superseded run still publishes."""
+    reply_to: str | None = None
+    """The stream the request's TokenEvents go to (the coordinator's reply stream); None: the request's
+    own stream `Keys.tokens(request_id)` (tests and tools that push jobs themselves)."""
+    output_token_ids: list[int] = []
+    """Tokens already produced and streamed to the client; on a re-run (attempt > 0) the LLM continues
+    after them, so the client sees neither a repeated nor a missing token."""
 
 
 class MediaRef(BaseModel):
@@ -124,12 +138,28 @@ class PrefillJob(_Job):
 
 class DecodeJob(_Job):
     kind: Literal["decode"] = "decode"
-    output_token_ids: list[int]
+    output_token_ids: list[int] = Field(min_length=1)
     """Tokens already produced (by the prefill worker) and already streamed."""
-    kv: list[TensorDescriptor]
+    kv: list[TensorDescriptor] = []
+    """Reference engine: the exported KV cache, sent over our transport."""
     rope_delta: int = 0
     """M-RoPE models: position of a generated token = its index + rope_delta (computed at prefill from
     the media grids, which the decode worker never sees); 0 for plain RoPE."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """vLLM engine: where the decode engine's KV connector (NixlConnector) pulls the prefill's KV cache from,
+    as the prefill engine reported it (JSON); the cache itself never crosses our transport."""
+    media: list[EncodedMedia] = []
+    """vLLM engine: the prefill job's media metadata (grids), which vLLM needs for M-RoPE positions."""
+
+    @model_validator(mode="after")
+    def _one_kv_source(self) -> DecodeJob:
+        if bool(self.kv) == (self.kv_transfer_params is not None):
+            raise ValueError("a DecodeJob carries its KV cache either as tensors (kv) or as kv_transfer_params "
+                             f"for vLLM's connector, exactly one; got {len(self.kv)} tensors and "
+                             f"kv_transfer_params={self.kv_transfer_params!r}")
+        if self.kv_transfer_params is not None and not self.kv_transfer_params:
+            raise ValueError("kv_transfer_params is empty: the decode engine would not know where the KV cache is")
+        return self
 
 
 class AbortJob(BaseModel):
@@ -141,20 +171,57 @@ Job = Annotated[Union[EncodeJob, EncodeBatch, PrefillJob, DecodeJob, AbortJob], 
 JOB_ADAPTER: TypeAdapter[Job] = TypeAdapter(Job)
 
 
+class Holder(BaseModel):
+    """The worker process that holds a request now: its id and the instance (one per process start), so a
+    restarted worker of the same id is not mistaken for the one that died with the request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    worker_id: str
+    instance: str
+
+
 class TokenEvent(BaseModel):
     """One entry on a request's token stream: new tokens, and on the last one why it ended."""
 
+    request_id: str = ""
+    """Which request (events of many requests share the coordinator's reply stream)."""
+    attempt: int = 0
+    """The job's attempt (_Job.attempt) that produced the event."""
+    holder: Holder | None = None
+    """Set on a hand-off event (no tokens): the request moved to this worker (encode -> prefill,
+    prefill -> decode); the coordinator re-runs the request if that worker dies."""
+    index: int = 0
+    """How many of the request's output tokens come before this event's: the coordinator checks that each
+    event continues exactly where the last one ended (a gap means events were lost, e.g. with Redis)."""
     token_ids: list[int] = []
     text: str = ""
     finish_reason: FinishReason | None = None
     error: str | None = None
     logits: list[str] = []
     """Debug: base64 float32 logits, one per token in token_ids (SamplingParams.return_logits)."""
+    logprobs: PackedLogprobs | None = None
+    """The log-probabilities of token_ids (SamplingParams.logprobs), one entry per token."""
     prompt_tokens: int | None = None
     timing: Timing | None = None
     worker_id: str = ""
     batch_size: int = 0
     """Sequences in the engine step that produced these tokens (observability; tests of batching)."""
+
+    @model_validator(mode="after")
+    def _logprobs_match_tokens(self) -> TokenEvent:
+        if self.logprobs is not None and self.logprobs.count != len(self.token_ids):
+            raise ValueError(f"logprobs describe {self.logprobs.count} tokens, the event has {len(self.token_ids)}")
+        return self
+
+    def token_logprobs(self) -> list[TokenLogprobs]:
+        """The log-probabilities of this event's tokens ([] when the request did not ask for them)."""
+        return self.logprobs.unpack(self.token_ids) if self.logprobs is not None else []
+
+
+def new_instance() -> str:
+    """A fresh id for one process start of a worker (WorkerInfo.instance)."""
+    return uuid.uuid4().hex[:12]
 
 
 class WorkerInfo(BaseModel):
@@ -171,4 +238,14 @@ class WorkerInfo(BaseModel):
     """Where this worker's transport receiver listens ("" for encode workers)."""
     colocated_with: str | None = None
     """For a prefill worker on an encode GPU: that encode worker's id (its "local" prefill worker)."""
+    device: str = "cpu"
+    """Where its model runs (cpu or cuda:N) and in which dtype, e.g. "cuda:0 bfloat16"."""
+    gpu_telemetry: str = ""
+    """"nvml: <GPU name>" when its heartbeat stats carry NVML readings (gpu_*), else "unsupported: <why>"."""
     started_at: float
+    instance: str = Field(default_factory=new_instance)
+    """Unique per process start (a restarted worker keeps its id and gets a new instance)."""
+
+    @property
+    def holder(self) -> Holder:
+        return Holder(worker_id=self.worker_id, instance=self.instance)

@@ -8,13 +8,25 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
 
 log = logging.getLogger(__name__)
+RETRIES = 6
+
+
+def open_worker_redis(redis_url: str) -> Redis:
+    """A client that retries a command on a broken connection (with backoff, for about 3 s): after a Redis
+    restart every pooled connection is stale, and without retries each one's first command fails. A retried
+    write may land twice; token events carry their index, so the coordinator drops a repeat."""
+    return Redis.from_url(redis_url, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
+                          retry_on_error=[ConnectionError, TimeoutError])
 
 
 async def run_until_signalled(redis_url: str, run: Callable[[Redis, asyncio.Event], Awaitable[None]]) -> None:
     """`run(redis, stop)` should return soon after `stop` is set; Redis is closed whatever happens."""
-    redis = Redis.from_url(redis_url)
+    redis = open_worker_redis(redis_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -25,6 +37,16 @@ async def run_until_signalled(redis_url: str, run: Callable[[Redis, asyncio.Even
         await redis.aclose()
 
 
+def honour_cancel() -> None:
+    """Call in a forever-loop's `except Exception:` before retrying. A library may turn the task's cancellation
+    into an error of its own (redis-py closing its socket under a cancelled blocking read can raise a
+    ConnectionError instead): the loop would then retry forever, and a shutdown that cancelled it, or an event
+    loop closing, would wait on it forever. A cancel request still pending on the task is honoured here."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def forever(name: str, body: Callable[[], Awaitable[None]], stop: asyncio.Event, backoff_s: float = 0.5) -> None:
     """Run `body()` until `stop`; an exception (a Redis hiccup) is logged and retried, never fatal."""
     while not stop.is_set():
@@ -33,6 +55,7 @@ async def forever(name: str, body: Callable[[], Awaitable[None]], stop: asyncio.
         except asyncio.CancelledError:
             raise
         except Exception:
+            honour_cancel()
             log.exception("loop iteration failed; retrying", extra={"loop": name})
             await asyncio.sleep(backoff_s)
 

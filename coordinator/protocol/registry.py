@@ -1,15 +1,26 @@
-"""Worker registry in Redis: who is up, in which role and tier, how loaded, how recently heard from."""
+"""Worker registry in Redis: who is up, in which role and tier, how loaded, how recently heard from.
+
+One key per worker (`Keys.worker`) holds its info, load and stats with a TTL that each heartbeat renews:
+a worker that dies or hangs drops out of routing when the TTL lapses, and its key is gone by itself. A
+sorted set (`Keys.workers`) indexes the ids by last heartbeat, so a reader needs two round trips, not a
+scan; ids whose key has lapsed are the dead workers the coordinator reaps (`lapsed`). Each heartbeat
+writes the whole record again, so a worker re-registers by itself after Redis lost its contents.
+"""
 
 from __future__ import annotations
 
-import time
 import json
+import time
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import Role, WorkerInfo
+
+JOB_STREAM_TTL_FACTOR = 30
+"""A worker's job stream expires this many heartbeat TTLs after its last heartbeat (a dead worker's
+queue does not outlive it, while a live one's is renewed on every beat)."""
 
 
 @dataclass(frozen=True)
@@ -19,55 +30,86 @@ class WorkerStatus:
     load: int
     stats: dict[str, float] = field(default_factory=dict)
     """What the worker reports about its policies (e.g. realised offload share), for metrics."""
+    draining: bool = False
+    """The worker is finishing what it holds before it stops (a rolling restart): nothing new is routed to it."""
 
 
 class WorkerRegistry:
-    """Registration is a hash entry; liveness is a heartbeat key whose TTL lapses if the worker dies."""
-
-    def __init__(self, redis: Redis, keys: Keys, heartbeat_ttl_s: float = 10.0):
+    def __init__(self, redis: Redis, keys: Keys, heartbeat_ttl_s: float = 2.0):
         self.redis = redis
         self.keys = keys
-        self.ttl_ms = int(heartbeat_ttl_s * 1000)
+        self.ttl_ms = max(1, int(heartbeat_ttl_s * 1000))
+
+    @property
+    def interval_s(self) -> float:
+        """How often a worker beats: four beats per TTL, so one late beat does not make it look dead."""
+        return self.ttl_ms / 4000
 
     async def register(self, info: WorkerInfo, load: int = 0, stats: dict[str, float] | None = None) -> None:
-        await self.redis.hset(self.keys.workers, info.worker_id, info.model_dump_json())
-        await self.heartbeat(info.worker_id, load, stats)
+        await self.heartbeat(info, load, stats)
 
-    async def heartbeat(self, worker_id: str, load: int, stats: dict[str, float] | None = None) -> None:
+    async def heartbeat(self, info: WorkerInfo, load: int, stats: dict[str, float] | None = None,
+                        draining: bool = False) -> None:
+        now = time.time()
+        record = json.dumps({"info": info.model_dump(mode="json"), "load": load, "stats": stats or {}, "beat": now,
+                             "draining": draining})
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.keys.heartbeat(worker_id), repr(time.time()), px=self.ttl_ms)
-        pipe.set(self.keys.load(worker_id), json.dumps({"load": load, "stats": stats or {}}), px=self.ttl_ms)
+        pipe.set(self.keys.worker(info.worker_id), record, px=self.ttl_ms)
+        pipe.zadd(self.keys.workers, {info.worker_id: now})
+        pipe.pexpire(self.keys.jobs(info.worker_id), self.ttl_ms * JOB_STREAM_TTL_FACTOR)
         await pipe.execute()
 
     async def deregister(self, worker_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hdel(self.keys.workers, worker_id)
-        pipe.delete(self.keys.heartbeat(worker_id), self.keys.load(worker_id))
+        pipe.zrem(self.keys.workers, worker_id)
+        pipe.delete(self.keys.worker(worker_id))
         await pipe.execute()
 
-    async def alive(self, roles: set[Role] | frozenset[Role] | None = None) -> list[WorkerStatus]:
-        """Registered workers whose heartbeat has not lapsed, optionally only some roles."""
-        raw = await self.redis.hgetall(self.keys.workers)
-        infos = [WorkerInfo.model_validate_json(v) for v in raw.values()]
-        if roles is not None:
-            infos = [i for i in infos if i.role in roles]
-        if not infos:
-            return []
+    async def expire(self, worker_id: str) -> None:
+        """Take a worker out of routing now (its supervisor saw the process exit): the same as its TTL
+        lapsing, a few seconds early. Its index entry stays for the coordinator to reap."""
+        await self.redis.delete(self.keys.worker(worker_id))
+
+    async def alive(self, roles: set[Role] | frozenset[Role] | None = None,
+                    draining: bool = False) -> list[WorkerStatus]:
+        """Registered workers whose heartbeat has not lapsed, optionally only some roles, sorted by id; the
+        draining ones only with `draining=True` (routing never picks them; the failover still sees them in scan)."""
+        return [s for s in (await self.scan())[0]
+                if (roles is None or s.info.role in roles) and (draining or not s.draining)]
+
+    async def scan(self) -> tuple[list[WorkerStatus], list[str]]:
+        """(the live workers, the ids whose heartbeat lapsed but which are still indexed)."""
         pipe = self.redis.pipeline(transaction=False)
-        for i in infos:
-            pipe.get(self.keys.heartbeat(i.worker_id))
-            pipe.get(self.keys.load(i.worker_id))
-        vals = await pipe.execute()
+        pipe.zrange(self.keys.workers, 0, -1)
+        pipe.smembers(self.keys.warming)
+        index, warming = await pipe.execute()
+        ids = [i.decode() if isinstance(i, bytes) else i for i in index]
+        warming = {w.decode() if isinstance(w, bytes) else w for w in warming}
+        if not ids:
+            return [], []
+        raw = await self.redis.mget([self.keys.worker(i) for i in ids])
         now = time.time()
-        out = []
-        for n, info in enumerate(infos):
-            hb, load = vals[2 * n], vals[2 * n + 1]
-            if hb is None:
+        live, lapsed = [], []
+        for wid, value in zip(ids, raw):
+            if value is None:
+                lapsed.append(wid)
                 continue
-            status = json.loads(load) if load else {}
-            out.append(WorkerStatus(info, max(0.0, now - float(hb)), int(status.get("load", 0)),
-                                    dict(status.get("stats", {}))))
-        return sorted(out, key=lambda s: s.info.worker_id)
+            rec = json.loads(value)
+            live.append(WorkerStatus(WorkerInfo.model_validate(rec["info"]), max(0.0, now - float(rec["beat"])),
+                                     int(rec.get("load", 0)), dict(rec.get("stats", {})),
+                                     bool(rec.get("draining")) or wid in warming))  # neither is routed to
+        return sorted(live, key=lambda s: s.info.worker_id), lapsed
+
+    async def reap(self, worker_id: str) -> bool:
+        """Forget a worker whose heartbeat lapsed: its index entry and its job stream. False (and nothing
+        done) if it came back meanwhile (a hung worker that resumed)."""
+        if await self.redis.exists(self.keys.worker(worker_id)):
+            return False
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.workers, worker_id)
+        pipe.delete(self.keys.jobs(worker_id))
+        await pipe.execute()
+        return True
 
 
 def least_loaded(workers: list[WorkerStatus], counter: int = 0) -> WorkerStatus | None:

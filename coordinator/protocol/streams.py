@@ -8,29 +8,73 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from coordinator.protocol.keys import Keys
-from coordinator.protocol.messages import JOB_ADAPTER, Job, TokenEvent
+from coordinator.protocol.messages import JOB_ADAPTER, Holder, Job, TokenEvent
 
 log = logging.getLogger(__name__)
 GROUP = "workers"
 FIELD = "m"
 _FIELD_B = FIELD.encode()
 TOKEN_STREAM_TTL_S = 600
+JOB_STREAM_MAXLEN = 100_000
+"""A safety cap only: admission control bounds what is queued far below it (a trimmed job would be
+re-run by the coordinator once it noticed, but it should never come to that)."""
+REPLY_STREAM_MAXLEN = 1_000_000
+"""A safety cap only: the coordinator trims what it has read."""
+
+
+def job_fields(job: Job) -> dict:
+    return {FIELD: job.model_dump_json()}
 
 
 async def push_job(redis: Redis, keys: Keys, worker_id: str, job: Job) -> None:
-    await redis.xadd(keys.jobs(worker_id), {FIELD: job.model_dump_json()})
+    await redis.xadd(keys.jobs(worker_id), job_fields(job), maxlen=JOB_STREAM_MAXLEN, approximate=True)
+
+
+def reply_key(keys: Keys, job) -> str:
+    """Where `job`'s token events go: its reply stream when it names one of this cluster's, else the
+    request's own stream (a reply_to outside the cluster's `replies:` keys is never written to)."""
+    if job.reply_to and job.reply_to.startswith(f"{keys.prefix}:replies:"):
+        return job.reply_to
+    return keys.tokens(job.request_id)
+
+
+def event_for(job, **fields) -> TokenEvent:
+    """A TokenEvent of `job`'s request and attempt."""
+    return TokenEvent(request_id=job.request_id, attempt=job.attempt, **fields)
+
+
+async def hand_over(redis: Redis, keys: Keys, holder: Holder, job: Job, reply: str) -> None:
+    """Append `job` to the next worker's stream and tell the coordinator who holds the request now, in
+    one round trip (if that worker dies, the coordinator re-runs the request)."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.xadd(keys.jobs(holder.worker_id), job_fields(job), maxlen=JOB_STREAM_MAXLEN, approximate=True)
+    _add_event(pipe, reply, event_for(job, holder=holder))
+    await pipe.execute()
 
 
 class JobStream:
-    """A worker's inbox. Entries are acked once handed to the compute; what a crash leaves un-acked
-    comes back from `stranded()` when the worker restarts, and is failed rather than left hanging."""
+    """A worker's inbox. Entries are acked once handed to the compute. A worker process starts on a fresh
+    stream: what an earlier process of the same id left behind belongs to requests the coordinator
+    re-runs elsewhere (it sees the holder's instance change), so running them here would only duplicate."""
 
     def __init__(self, redis: Redis, keys: Keys, worker_id: str):
         self.redis = redis
         self.key = keys.jobs(worker_id)
         self.consumer = worker_id
 
-    async def open(self) -> None:
+    async def open(self, fresh: bool = True) -> int:
+        """Create the stream and its group; with `fresh`, first drop what is left from an earlier process.
+        Returns how many entries were dropped."""
+        dropped = 0
+        if fresh:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xlen(self.key)
+            pipe.delete(self.key)
+            dropped = (await pipe.execute())[0]
+        await self._create_group()
+        return dropped
+
+    async def _create_group(self) -> None:
         try:
             await self.redis.xgroup_create(self.key, GROUP, id="0", mkstream=True)
         except ResponseError as e:
@@ -39,8 +83,16 @@ class JobStream:
 
     async def read(self, count: int, block_ms: int | None, start: str = ">") -> list[tuple[str, Job | None]]:
         """Up to `count` new jobs (block_ms None: don't wait); an entry that does not parse comes back as
-        None (ack and log it). start="0" re-reads this consumer's delivered but un-acked entries."""
-        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.key: start}, count=count, block=block_ms)
+        None (ack and log it). The group is re-created if Redis lost it (restart, FLUSHALL, expiry)."""
+        try:
+            resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.key: start}, count=count, block=block_ms)
+        except ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            log.warning("job stream or its group is gone (Redis restarted or flushed); re-creating it",
+                        extra={"stream": self.key})
+            await self._create_group()
+            return []
         out: list[tuple[str, Job | None]] = []
         for _key, entries in resp or []:
             for entry_id, fields in entries:
@@ -51,13 +103,16 @@ class JobStream:
                     out.append((entry_id, None))
         return out
 
-    async def stranded(self) -> list[tuple[str, Job | None]]:
-        """Jobs a previous run of this worker took but never handed off (it crashed)."""
-        return await self.read(10_000, None, start="0")
-
-    async def unread(self) -> list[tuple[str, Job | None]]:
-        """Jobs queued but not taken yet (the worker is stopping)."""
-        return await self.read(10_000, None)
+    async def waiting(self) -> int:
+        """Entries not taken yet (the stream's length less those delivered and not acked)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(self.key)
+        pipe.xpending(self.key, GROUP)
+        try:
+            length, pending = await pipe.execute()
+        except ResponseError:  # no group (Redis lost it): the next read re-creates it
+            return 0
+        return max(0, length - int(pending.get("pending", 0) if isinstance(pending, dict) else 0))
 
     async def delete(self) -> None:
         await self.redis.delete(self.key)
@@ -74,14 +129,17 @@ def parse_token_event(fields: dict) -> TokenEvent:
     return TokenEvent.model_validate_json(fields[_FIELD_B])
 
 
-async def publish_tokens(redis: Redis, keys: Keys, events: list[tuple[str, TokenEvent]]) -> None:
-    """All of one engine step's events in one round trip."""
+def _add_event(pipe, key: str, ev: TokenEvent) -> None:
+    pipe.xadd(key, {FIELD: ev.model_dump_json(exclude_defaults=True)}, maxlen=REPLY_STREAM_MAXLEN, approximate=True)
+    # Every write renews the TTL: a stream whose reader left (and deleted it) cannot live forever.
+    pipe.expire(key, TOKEN_STREAM_TTL_S)
+
+
+async def publish_tokens(redis: Redis, events: list[tuple[str, TokenEvent]]) -> None:
+    """(stream key, event) pairs, e.g. all of one engine step's events, in one round trip."""
     if not events:
         return
     pipe = redis.pipeline(transaction=False)
-    for request_id, ev in events:
-        key = keys.tokens(request_id)
-        pipe.xadd(key, {FIELD: ev.model_dump_json(exclude_defaults=True)})
-        # Every write renews the TTL: a stream whose reader left (and deleted it) cannot live forever.
-        pipe.expire(key, TOKEN_STREAM_TTL_S)
+    for key, ev in events:
+        _add_event(pipe, key, ev)
     await pipe.execute()

@@ -44,12 +44,14 @@ def generate(out: Path, vocab_size: int = 1024, seed: int = 0, std: float = 0.15
     tok = build_bpe_tokenizer(vocab_size, SPECIAL_TOKENS, CHAT_TEMPLATE, eos="<|im_end|>", pad="<|endoftext|>",
                               extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"})
     ids = tok.convert_tokens_to_ids
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+    # head_dim 32: vLLM's CPU attention takes 32, 64, 80, 96, 112, 128, ... (16 does not load there);
+    # mrope_section splits head_dim / 2 rotary pairs over (t, h, w).
+    text = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]},
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 6, 6]},
                 tie_word_embeddings=False, pad_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"),
                 bos_token_id=ids("<|endoftext|>"))
-    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+    vision = dict(depth=2, embed_dim=32, hidden_size=128, num_heads=2, mlp_ratio=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2)
     config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
                            video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),

@@ -135,7 +135,7 @@ def test_a_target_failing_part_way_keeps_the_other_targets_cells(tmp_path, capsy
     (["--request-rate", "trace"], "replays a --dataset"),
     (["--burstiness", "0"], "--burstiness must be a positive number"),
     (["--num-requests", "0"], "--num-requests must be >= 1"),
-    (["--request-rate", "inf", "--duration", "5"], "--duration needs finite rates"),
+    (["--request-rate", "inf", "--duration", "5s"], "--duration needs finite rates"),
     (["--preset", "vllm"], "unknown preset"),
     (["--target", "ftp://x"], "give an http(s) URL"),
     (["--target", "sim"], "needs a plan file"),

@@ -19,6 +19,7 @@ from coordinator.api.schema import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
     ErrorResponse,
@@ -27,6 +28,8 @@ from coordinator.api.schema import (
     ModelCard,
     ModelList,
     TextPart,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     VideoPart,
     openai_finish_reason,
@@ -111,7 +114,33 @@ def test_parses_every_part_type_and_ignores_unknown_fields():
     assert parts[1].image_url.detail == "low"
     assert parts[2].image_url.url == "/data/cat.png"
     assert req.stream and req.stream_options.include_usage and req.stop == "\n" and req.seed == 7
-    assert not hasattr(req, "logprobs")
+    assert req.logprobs_k() == 3
+
+
+@pytest.mark.parametrize("logprobs,top,k", [(True, None, 0), (True, 0, 0), (True, 20, 20), (False, None, None),
+                                            (None, None, None)])
+def test_logprobs_ask_for_k_alternatives(logprobs, top, k):
+    assert ChatCompletionRequest.model_validate(make_request(logprobs=logprobs, top_logprobs=top)).logprobs_k() == k
+
+
+@pytest.mark.parametrize("top", [21, -1])
+def test_top_logprobs_beyond_what_is_served_is_refused(top):
+    err = error_of(make_request(logprobs=True, top_logprobs=top)).error
+    assert err.param == "top_logprobs"
+
+
+@pytest.mark.parametrize("logprobs", [False, None])
+def test_top_logprobs_without_logprobs_is_refused(logprobs):
+    req = ChatCompletionRequest.model_validate(make_request(logprobs=logprobs, top_logprobs=2))
+    with pytest.raises(RequestError) as exc:
+        req.logprobs_k()
+    assert exc.value.param == "top_logprobs" and "logprobs: true" in exc.value.message
+
+
+def test_stream_options_continuous_usage_stats():
+    req = ChatCompletionRequest.model_validate(make_request(stream=True, stream_options={
+        "include_usage": False, "continuous_usage_stats": True}))
+    assert req.stream_options.continuous_usage_stats and not req.stream_options.include_usage
 
 
 def test_video_url_part_is_parsed_as_video():
@@ -212,6 +241,18 @@ def test_completion_parses_as_openai_type():
     assert parsed.choices[0].finish_reason == "length"
     assert parsed.usage.total_tokens == 15
     assert OpenAIChatCompletion.model_validate_json(make_completion().model_dump_json()).id == "chatcmpl-1"
+
+
+def test_logprobs_parse_as_openai_types():
+    lp = ChoiceLogprobs(content=[TokenLogprob(token=" a", logprob=-0.5, bytes=[32, 97], top_logprobs=[
+        TopLogprob(token=" a", logprob=-0.5, bytes=[32, 97]), TopLogprob(token="b", logprob=-1.5, bytes=[98])])])
+    completion = make_completion().model_copy(update={"choices": [
+        Choice(message=AssistantMessage(content=" a"), finish_reason="length", logprobs=lp)]})
+    parsed = OpenAIChatCompletion.model_validate(completion.model_dump()).choices[0].logprobs.content[0]
+    assert (parsed.token, parsed.logprob, parsed.bytes) == (" a", -0.5, [32, 97])
+    assert [(t.token, t.logprob) for t in parsed.top_logprobs] == [(" a", -0.5), ("b", -1.5)]
+    chunk = make_chunks()[1].model_copy(update={"choices": [ChunkChoice(delta=Delta(content=" a"), logprobs=lp)]})
+    assert OpenAIChatCompletionChunk.model_validate(chunk.model_dump()).choices[0].logprobs.content[0].logprob == -0.5
 
 
 def test_chunks_parse_as_openai_type():

@@ -66,3 +66,10 @@ def test_cli_passes_the_transport_to_every_worker():
     add_cluster_args(p, None)
     assert spec_from(p.parse_args(["--transport", "tcp"])).transport == "tcp"
     assert spec_from(p.parse_args([])).transport == "local"
+
+
+def test_up_refuses_a_non_loopback_bind_without_an_admin_token(tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TIERSERVE_ADMIN")}
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "up", "--host", "0.0.0.0"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "TIERSERVE_ADMIN_TOKEN" in r.stdout and "Traceback" not in r.stdout + r.stderr

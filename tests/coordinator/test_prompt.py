@@ -13,7 +13,7 @@ from transformers import AutoProcessor
 from coordinator.api.schema import ChatCompletionRequest
 from coordinator.errors import RequestError
 from coordinator.media import MediaError, MediaLimits
-from coordinator.prompt import PromptBuilder, sampling_from_request
+from coordinator.prompt import DEFAULT_MAX_TOKENS, PromptBuilder, sampling_from_request
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
 
 
@@ -201,6 +201,19 @@ def test_prompt_plus_max_tokens_longer_than_the_context(processor):
         "prompt (210 tokens) + max_completion_tokens (6) exceeds the model's context of 215 tokens; "
         "set max_completion_tokens to at most 5"
     )
+
+
+def test_without_max_tokens_the_budget_is_what_the_context_leaves(processor):
+    """OpenAI and vLLM generate to EOS or the context's end when the request sets no max_tokens."""
+    builder = PromptBuilder(processor, max_model_len=215)
+    built = builder.build(make_request(CASES["one image"]))
+    assert (len(built.prompt_token_ids), built.max_tokens) == (210, 5)
+    assert builder.build(make_request(CASES["one image"], max_tokens=3)).max_tokens == 3
+    assert builder.build(make_request(CASES["one image"], max_completion_tokens=4)).max_tokens == 4
+    assert sampling_from_request(make_request(CASES["one image"]), default_max_tokens=built.max_tokens).max_tokens == 5
+    assert sampling_from_request(make_request(CASES["one image"], max_tokens=2), default_max_tokens=5).max_tokens == 2
+    builder.max_model_len = None  # neither the config nor the tokenizer states a context
+    assert builder.build(make_request(CASES["text only"])).max_tokens == DEFAULT_MAX_TOKENS
 
 
 def test_default_context_is_the_tokenizers(builder):

@@ -31,17 +31,40 @@ async def test_worker_drops_out_when_heartbeats_stop(redis_url, key_prefix):
     keys = Keys(key_prefix)
     reg = WorkerRegistry(redis, keys, heartbeat_ttl_s=5.0)
     try:
-        await reg.register(_info("e0"), load=2)
-        await reg.register(_info("l0", "combined"))
+        e0, l0 = _info("e0"), _info("l0", "combined")
+        await reg.register(e0, load=2)
+        await reg.register(l0)
         alive = await reg.alive()
         assert [(w.info.worker_id, w.load) for w in alive] == [("e0", 2), ("l0", 0)]
+        assert alive[0].info.instance == e0.instance
         assert [w.info.worker_id for w in await reg.alive(frozenset({"combined"}))] == ["l0"]
-        assert 0 < await redis.pttl(keys.heartbeat("e0")) <= 5000  # it lapses unless renewed
-        await redis.delete(keys.heartbeat("e0"))  # what the TTL does to a worker that stopped beating
-        await reg.heartbeat("l0", 1)
-        assert [(w.info.worker_id, w.load) for w in await reg.alive()] == [("l0", 1)]
+        assert 0 < await redis.pttl(keys.worker("e0")) <= 5000  # it lapses unless renewed
+        await redis.delete(keys.worker("e0"))  # what the TTL does to a worker that stopped beating
+        await reg.heartbeat(l0, 1)
+        live, lapsed = await reg.scan()
+        assert [(w.info.worker_id, w.load) for w in live] == [("l0", 1)] and lapsed == ["e0"]
+        assert await reg.reap("e0") and (await reg.scan())[1] == []
         await reg.deregister("l0")
         assert await reg.alive() == []
+    finally:
+        await redis.aclose()
+
+
+async def test_a_heartbeat_re_registers_after_redis_lost_everything(redis_url, key_prefix):
+    """FLUSHALL on a shared Redis would hit other tests: deleting every key of the prefix is the same to us."""
+    redis = Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    reg = WorkerRegistry(redis, keys, heartbeat_ttl_s=5.0)
+    try:
+        await reg.register(_info("e0"))
+        stream = JobStream(redis, keys, "e0")
+        await stream.open()
+        await redis.delete(keys.workers, keys.worker("e0"), keys.jobs("e0"))
+        assert await reg.alive() == [] and await stream.read(1, None) == []  # the read re-created the group
+        await reg.heartbeat(_info("e0"), 0)
+        assert [w.info.worker_id for w in await reg.alive()] == ["e0"]
+        await redis.xadd(keys.jobs("e0"), {"m": _job("r1").model_dump_json()})
+        assert [j.request_id for _, j in await stream.read(1, None)] == ["r1"]
     finally:
         await redis.aclose()
 

@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import time
 
 import httpx
 import pytest
@@ -20,13 +18,9 @@ import torch
 from cluster_factory import serve_cluster
 from media_factory import data_url, image_bytes, wav_bytes
 from mm_refs import MMRef, pcm, qwen2_audio_ref, qwen2_vl_ref
-from redis.asyncio import Redis
+from protocol_runs import check_refs
 
-from coordinator.protocol.keys import Keys
-from coordinator.protocol.messages import EncodeJob, MediaRef, PrefillJob, SamplingParams
 from coordinator.protocol.models import QWEN2_AUDIO_DIR, QWEN2_VL_DIR
-from coordinator.protocol.streams import push_job
-from coordinator.relay import token_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -79,61 +73,14 @@ def audio_refs() -> list[MMRef]:
             qwen2_audio_ref(model, processor, "text-only", "what is this", 5, [])]
 
 
-async def _run(cluster, refs: list[MMRef], llm_worker: str):
-    redis = Redis.from_url(cluster.redis_url)
-    keys = Keys(cluster.spec.key_prefix)
-    tag = f"{llm_worker}-{time.monotonic_ns()}"
-    try:
-        for ref in refs:  # all pushed before any is read: they share micro-batches and engine steps
-            rid = f"{ref.name}-{tag}"
-            sampling = SamplingParams(max_tokens=len(ref.tokens), ignore_eos=True, return_logits=True)
-            if ref.media:
-                media = [keys.media(rid, i) for i in range(len(ref.media))]
-                for key, raw in zip(media, ref.media):
-                    await redis.set(key, raw, ex=120)
-                await push_job(redis, keys, "encode-0", EncodeJob(
-                    request_id=rid, prompt_token_ids=ref.prompt_ids, sampling=sampling, arrival=time.time(),
-                    media=[MediaRef(key=k, kind=ref.modality) for k in media], prefill_worker=llm_worker))
-            else:
-                await push_job(redis, keys, llm_worker, PrefillJob(
-                    request_id=rid, prompt_token_ids=ref.prompt_ids, sampling=sampling, arrival=time.time()))
-
-        async def collect(ref: MMRef):
-            tokens, logits, batch = [], [], 0
-            async for ev in token_events(redis, keys, f"{ref.name}-{tag}", timeout_s=90):
-                assert ev.finish_reason != "error", ev.error
-                tokens += ev.token_ids
-                logits += [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.float32) for s in ev.logits]
-                batch = max(batch, ev.batch_size)
-            return tokens, logits, batch
-
-        return dict(zip([r.name for r in refs], await asyncio.gather(*(collect(r) for r in refs))))
-    finally:
-        await redis.aclose()
-
-
-def _check(cluster, refs, llm_worker, logit_compare, attempts: int = 3):
-    """Every attempt must be exact; some attempt must have batched two requests in one engine step.
-
-    Whether requests pushed together overlap in a step depends on the machine's timing (a loaded CI
-    runner may finish one before the next arrives), so batching gets a bounded number of tries."""
-    for _ in range(attempts):
-        got = asyncio.run(_run(cluster, refs, llm_worker))
-        problems = [p for r in refs for p in logit_compare(r.name, r.tokens, r.logits, got[r.name][0], got[r.name][1])]
-        assert not problems, "\n".join(problems)
-        if max(b for *_, b in got.values()) >= 2:
-            return
-    pytest.fail(f"no engine step batched two requests in {attempts} attempts")
-
-
 @pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
 def test_qwen2_vl_disaggregated_matches_generate(vl_cluster, vl_refs, logit_compare, llm_worker):
-    _check(vl_cluster, vl_refs, llm_worker, logit_compare)
+    check_refs(vl_cluster, vl_refs, llm_worker, logit_compare)
 
 
 @pytest.mark.parametrize("llm_worker", ["llm-1-prefill", "llm-0-combined"])
 def test_qwen2_audio_disaggregated_matches_generate(audio_cluster, audio_refs, logit_compare, llm_worker):
-    _check(audio_cluster, audio_refs, llm_worker, logit_compare)
+    check_refs(audio_cluster, audio_refs, llm_worker, logit_compare)
 
 
 def _client(cluster):

@@ -13,7 +13,7 @@ import pytest
 from plan_file_factory import small_plan
 
 from coordinator.plan_launch import planned_cluster
-from coordinator.planner.planfile import PlanFile, PlanNode
+from coordinator.planner.planfile import PlanFile, PlanFileError, PlanNode
 from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
 from coordinator.policies.work_stealing import WorkStealingConfig
 from coordinator.redis_server import free_port
@@ -40,6 +40,23 @@ def test_roles_map_to_workers_and_stealing_lands_on_e_gpus(plan):
     assert "across hosts h1, h2" in layout.notes[0]
     plain = planned_cluster(_with(plan, ["E", "P+D"], PolicyConfig()))
     assert plain.colocated == [frozenset()] and plain.llm_roles == ["combined"]      # no stealing: no stealer
+
+
+def test_the_plans_engine_runs_on_every_llm_worker(plan):
+    vllm = _with(plan, ["E", "P", "D"], PolicyConfig())
+    vllm = vllm.model_copy(update={"engine": vllm.engine.model_copy(update={"kind": "vllm"})})
+    assert planned_cluster(vllm).llm_args[2:4] == ["--engine", "vllm"]
+    shared = _with(plan, ["E+P", "D"], PolicyConfig())
+    shared = shared.model_copy(update={"engine": shared.engine.model_copy(update={"kind": "vllm"})})
+    with pytest.raises(PlanFileError, match="sharing an encode GPU"):
+        planned_cluster(shared)
+
+
+def test_a_simulated_only_plan_is_refused_with_its_reasons(plan):
+    simulated = _with(plan, ["E", "P+D"], PolicyConfig()).model_copy(
+        update={"simulated_only": ["int8 weight-only: the reference engine loads bf16/fp32 weights only"]})
+    with pytest.raises(PlanFileError, match="simulated only.*int8 weight-only"):
+        planned_cluster(simulated)
 
 
 @pytest.mark.redis
@@ -70,9 +87,13 @@ def test_up_runs_the_plan_and_puts_its_policy_in_force(plan, redis_url, tmp_path
         proc.send_signal(signal.SIGINT)
         text, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0 and "policy in force" in text and "plan:" in text, text
-    finally:
+    finally:  # SIGTERM first: `up` then stops its workers (SIGKILL would orphan them)
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def test_a_bad_plan_file_is_a_clear_error(tmp_path):

@@ -6,78 +6,24 @@ Negative controls (swapped embeddings, a shifted grid, an off-by-one rope delta)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from logit_check import logit_mismatches
-from mm_refs import MMRef, qwen2_audio_ref, qwen2_vl_ref
+from mm_refs import Arch, MMRef, audio_arch, vl_arch
 
-from coordinator.protocol.messages import DecodeJob, EncodedMedia, SamplingParams
-from coordinator.protocol.models import QWEN2_AUDIO_DIR, QWEN2_VL_DIR
-from encode_node.registry import make_encoder
-from llm_node.architectures import load_model
+from coordinator.protocol.messages import DecodeJob, SamplingParams
 from llm_node.engine import EngineConfig, EngineRequest, ReferenceEngine
 from transport.wire import TensorDescriptor, describe, rebuild
 
 
-@dataclass
-class Arch:
-    model: object
-    tokenizer: object
-    refs: list[MMRef]
-    embeds: dict[str, tuple[torch.Tensor | None, list[EncodedMedia]]]
-
-
-def _encode(encoder, ref: MMRef) -> tuple[torch.Tensor | None, list[EncodedMedia]]:
-    """Embeddings the way an encode worker makes them (one modality per encoder call)."""
-    rows, media = [], []
-    for modality in ("image", "video", "audio"):
-        items = ref.raw.get(modality) or []
-        if items:
-            batch = encoder.encode([items], modality)
-            assert batch.errors == [None]
-            rows.append(batch.per_request[0])
-            media += batch.media[0]
-    return (torch.cat(rows) if rows else None), media
-
-
 @pytest.fixture(scope="module")
 def vl() -> Arch:
-    from transformers import AutoImageProcessor, AutoTokenizer
-
-    torch.set_num_threads(2)
-    model, tok = load_model(QWEN2_VL_DIR), AutoTokenizer.from_pretrained(QWEN2_VL_DIR)
-    ip = AutoImageProcessor.from_pretrained(QWEN2_VL_DIR)
-    refs = [
-        qwen2_vl_ref(model, tok, ip, "one-image", "describe the image", 8, images=[(1, 300, 200)]),
-        qwen2_vl_ref(model, tok, ip, "two-images", "tell me about the two pictures please", 10,
-                     images=[(2, 224, 400), (3, 100, 100)]),
-        qwen2_vl_ref(model, tok, ip, "video", "what happens", 9, videos=[(4, 3, 120, 160)]),
-        qwen2_vl_ref(model, tok, ip, "text-only", "what is this", 5),
-        qwen2_vl_ref(model, tok, ip, "image-and-video", "compare the picture with the video at the left", 7,
-                     images=[(5, 90, 150)], videos=[(6, 4, 60, 90)]),
-        qwen2_vl_ref(model, tok, ip, "same-size-video", "what happens", 9, videos=[(8, 3, 120, 160)]),
-        qwen2_vl_ref(model, tok, ip, "same-size-image", "describe the image", 8, images=[(7, 300, 200)]),
-    ]
-    encoder = make_encoder(QWEN2_VL_DIR)
-    return Arch(model, tok, refs, {r.name: _encode(encoder, r) for r in refs})
+    return vl_arch()
 
 
 @pytest.fixture(scope="module")
 def audio() -> Arch:
-    from transformers import AutoProcessor
-
-    model, processor = load_model(QWEN2_AUDIO_DIR), AutoProcessor.from_pretrained(QWEN2_AUDIO_DIR)
-    refs = [
-        qwen2_audio_ref(model, processor, "one-second", "what is this sound", 8, [(1, 1.0)]),
-        qwen2_audio_ref(model, processor, "two-clips", "compare the two sounds please", 10, [(2, 2.56), (3, 0.3)]),
-        qwen2_audio_ref(model, processor, "text-only", "what is this", 5, []),
-        qwen2_audio_ref(model, processor, "long-clip", "describe", 7, [(4, 4.9)]),
-        qwen2_audio_ref(model, processor, "same-length", "what is this sound", 8, [(5, 1.0)]),
-    ]
-    encoder = make_encoder(QWEN2_AUDIO_DIR)
-    return Arch(model, processor.tokenizer, refs, {r.name: _encode(encoder, r) for r in refs})
+    return audio_arch()
 
 
 @pytest.fixture(params=["vl", "audio"])
@@ -195,3 +141,14 @@ def test_missing_or_wrong_metadata_is_refused(vl):
     with pytest.raises(ValueError, match="does not fill"):
         engine.add(_request(vl, ref, media=[item.model_copy(update={"grid_thw": (1, 4, 4)})]))
     assert not engine.has_unfinished()
+
+
+def test_resumed_run_continues_exactly(arch, drive):
+    """A re-run after a worker died prefills the prompt plus the tokens already streamed; with M-RoPE the
+    generated tokens' positions continue from the rope delta, so the rest matches generate()."""
+    k = 2
+    schedule = {0: [_request(arch, r, output_token_ids=r.tokens[:k]) for r in arch.refs]}
+    runs = drive(_engine(arch), schedule)
+    problems = [p for r in arch.refs for p in logit_mismatches(
+        r.name, r.tokens, r.logits, r.tokens[:k] + runs[r.name].tokens, r.logits[:k] + runs[r.name].logits)]
+    assert not problems, "\n".join(problems)

@@ -80,3 +80,14 @@ def test_vanishing_temperature_is_greedy_not_nan():
     params = [SamplingParams(temperature=1e-39), SamplingParams(temperature=1e-30, top_p=0.5)]
     gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
     assert sample(logits, params, gens) == [1, 0]
+
+
+def test_a_top_p_below_float32_range_keeps_the_top_token():
+    """Found by the schema fuzzer: top_p=1.26e-112 compared as float32 0.0 and dropped every token."""
+    import torch
+
+    from coordinator.protocol.messages import SamplingParams
+    from llm_node.sampling import make_generator, sample
+
+    logits = torch.tensor([[0.1, 3.0, 0.2]])
+    assert sample(logits, [SamplingParams(temperature=1.0, top_p=1.2584840334681273e-112)], [make_generator(0)]) == [1]

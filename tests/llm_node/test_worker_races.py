@@ -42,13 +42,13 @@ async def test_request_admitted_while_last_tokens_publish_is_not_stranded(worker
         worker.jobs_by_id[rid] = job
         await worker.admit("0-0", job)
 
-    async def slow_publish(redis, keys, events):
+    async def slow_publish(redis, events):
         if events:
-            if events[0][0] == "A":  # B arrives while A's last tokens are on their way to Redis
+            if events[0][1].request_id == "A":  # B arrives while A's last tokens are on their way to Redis
                 await submit("B")
             await asyncio.sleep(0.3)  # a Redis round trip on a loaded machine
-            published.extend(rid for rid, _ in events)
-        await real_publish(redis, keys, events)
+            published.extend(ev.request_id for _, ev in events)
+        await real_publish(redis, events)
 
     monkeypatch.setattr(worker_mod, "publish_tokens", slow_publish)
     stop = asyncio.Event()
@@ -76,3 +76,29 @@ async def test_a_job_whose_abort_overtook_it_is_dropped(worker, tokenizer):
     await worker.intake_once()
     assert "late" not in worker.jobs_by_id and worker.pending == []
     assert await worker.jobs.read(10, None, start="0") == []  # acked, not left pending
+
+
+async def test_intake_is_bounded_and_the_backlog_counts_in_the_load(tiny, redis_url, key_prefix, tmp_path, tokenizer):
+    """Past max_held the worker leaves jobs in its stream (back-pressure) and reports them in its load."""
+    from coordinator.protocol.streams import push_job
+
+    model, processor = tiny
+    cfg = LLMWorkerConfig(worker_id="w1", redis_url=redis_url, key_prefix=key_prefix, max_held=1)
+    redis = Redis.from_url(redis_url)
+    w = LLMWorker(cfg, redis, ReferenceEngine(model, processor.tokenizer, EngineConfig(role="combined")),
+                  make_receiver("local", "w1", runtime_dir=tmp_path), make_sender("local"))
+    try:
+        await w.jobs.open()
+        for i in range(3):
+            await push_job(redis, w.keys, "w1", PrefillJob(request_id=f"r{i}", prompt_token_ids=tokenizer("hi")["input_ids"],
+                                                           sampling=SamplingParams(max_tokens=1), arrival=time.time()))
+        await w.intake_once()
+        assert list(w.jobs_by_id) == ["r0"]
+        await w.intake_once()  # full: takes nothing, counts what waits
+        assert list(w.jobs_by_id) == ["r0"] and w.backlog == 2 and w.load() == 3
+        w.release("r0")
+        await w.intake_once()
+        assert list(w.jobs_by_id) == ["r1"]
+    finally:
+        await asyncio.gather(*w._background, return_exceptions=True)
+        await redis.aclose()

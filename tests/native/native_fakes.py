@@ -127,3 +127,54 @@ CUresult cuGreenCtxStreamCreate(void **s, void *ctx, unsigned flags, int priorit
 CUresult cuGreenCtxDestroy(void *ctx) { fake_ctx_destroyed++; return 0; }
 CUresult cuStreamDestroy_v2(void *s) { fake_streams_destroyed++; return 0; }
 """
+
+
+class FakeStream:
+    """A CUDA stream as torch shows it: its cudaStream_t as an int, and cross-stream waits (recorded)."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+        self.waited_on: list[int] = []
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.waited_on.append(other.cuda_stream)
+
+
+class FakeCuda:
+    """``torch.cuda`` as a worker thread sees it on a real GPU, for the stream calls the partition makes.
+
+    As on a GPU, a thread's current stream is the legacy default stream (handle 0) until a `stream()`
+    block makes another current; created streams get non-zero handles. A CPU build of torch cannot
+    create streams at all, hence the stand-in.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._local = threading.local()
+        self.created: list[FakeStream] = []
+
+    def Stream(self, device=None) -> FakeStream:  # noqa: N802 (torch's name)
+        s = FakeStream(0x7F00_0000 + 0x100 * (len(self.created) + 1))
+        self.created.append(s)
+        return s
+
+    def ExternalStream(self, handle: int, device=None) -> FakeStream:  # noqa: N802 (torch's name)
+        return FakeStream(handle)
+
+    def current_stream(self, device=None) -> FakeStream:
+        return getattr(self._local, "current", None) or FakeStream(0)
+
+    def stream(self, s: FakeStream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def use():
+            before = getattr(self._local, "current", None)
+            self._local.current = s
+            try:
+                yield
+            finally:
+                self._local.current = before
+
+        return use()

@@ -1,24 +1,29 @@
 """The per-micro-batch SM split as the live workers apply it: encoder side -> shared channel -> prefill side.
 
-The real libsmctrl needs an NVIDIA GPU; a stand-in library records the masks (see test_smctrl_wrapper.py).
+The real libsmctrl needs an NVIDIA GPU; a stand-in library records the masks (see test_smctrl_wrapper.py),
+behind the real shim, which refuses stream 0 as it does on a GPU. torch's stream calls come from
+native_fakes.FakeCuda, whose current stream is the legacy default stream (handle 0), as a GPU thread's is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import threading
 from pathlib import Path
 
 import pytest
+from native_fakes import FakeCuda
 
 from coordinator.policies.sm_partition import SMPartitionConfig, TPCSplit
 from coordinator.protocol.colocation import ColocationChannel, GateWait, channel_path
 from encode_node.gpu_share import EncoderGpuShare
 from llm_node.gpu_share import LLMGpuShare
-from native.smctrl import SMController
+from native.green_context import GreenContexts
+from native.smctrl import SMControlError, SMController
 from native.stream_partition import StreamPartition
 from native.tpc_mask import masks_for, to_words
 
-ENC, PRE = 0x7F00_1000, 0x7F00_2000
 TOTAL = 66  # the fake's TPC count (> 64: the 128-bit call)
 
 
@@ -30,9 +35,9 @@ def _calls(fake: Path) -> list[tuple[int, int, int]]:
     return [(streams[i], los[i], his[i]) for i in range(min(n, 16))]
 
 
-def _partition(fake: Path, shim_cache: Path, side: str, stream: int) -> StreamPartition:
+def _partition(fake: Path, shim_cache: Path, side: str, cuda: FakeCuda) -> StreamPartition:
     ctl = SMController(fake, cache_dir=shim_cache, check_driver=False)
-    return StreamPartition("cuda:0", side, ctl, stream=lambda: stream)  # type: ignore[arg-type]
+    return StreamPartition("cuda:0", side, ctl, cuda=cuda)  # type: ignore[arg-type]
 
 
 def test_a_cpu_device_runs_unpartitioned_and_says_why():
@@ -45,9 +50,11 @@ def test_each_batch_split_reaches_both_streams(tmp_path, shim_cache, fake_libsmc
     fake = fake_libsmctrl(ext=True)
     ctypes.CDLL(str(fake)).fake_reset()
     path = channel_path("t", "encode-0", tmp_path)
-    enc = EncoderGpuShare(ColocationChannel(path), _partition(fake, shim_cache, "encoder", ENC))
+    cuda = FakeCuda()
+    enc = EncoderGpuShare(ColocationChannel(path), _partition(fake, shim_cache, "encoder", cuda))
     enc.config = SMPartitionConfig(mode="dynamic", min_share=0.25)
-    pre = LLMGpuShare(ColocationChannel(path), "prefill", _partition(fake, shim_cache, "prefill", PRE))
+    pre = LLMGpuShare(ColocationChannel(path), "prefill", _partition(fake, shim_cache, "prefill", cuda))
+    ENC, PRE = enc.partition.stream.cuda_stream, pre.partition.stream.cuda_stream  # noqa: N806
 
     pre.report(held_requests=2, backlog_tokens=3000)  # the prefill side is busy
     enc.claim(requests=2, image_tokens=1000)
@@ -62,6 +69,68 @@ def test_each_batch_split_reaches_both_streams(tmp_path, shim_cache, fake_libsmc
     pre.run_step(lambda: None)  # same split: nothing re-applied
     assert len(_calls(fake)) == 2
     assert enc.metrics()["encoder_tpcs"] == split.encoder_tpcs and pre.metrics()["sm_partition_applied"] == 1.0
+
+
+def test_no_batch_masks_stream_0(tmp_path, shim_cache, fake_libsmctrl):
+    """Regression: the partition masked torch.cuda.current_stream(), which on a GPU is the legacy default
+    stream (handle 0); the shim refuses it, so every batch failed. Each side now masks a stream it created,
+    and its work runs on that stream in the thread that masked it."""
+    fake = fake_libsmctrl(ext=True)
+    ctypes.CDLL(str(fake)).fake_reset()
+    ctl = SMController(fake, cache_dir=shim_cache, check_driver=False)
+    cuda = FakeCuda()
+    default = cuda.current_stream("cuda:0").cuda_stream
+    assert default == 0
+    with pytest.raises(SMControlError, match="stream is NULL"):  # what masking the current stream did
+        ctl.apply(default, 1, TOTAL)
+    assert _calls(fake) == []
+
+    path = channel_path("t", "encode-0", tmp_path)
+    enc = EncoderGpuShare(ColocationChannel(path), StreamPartition("cuda:0", "encoder", ctl, cuda=cuda))
+    enc.config = SMPartitionConfig(mode="dynamic", min_share=0.25)
+    pre = LLMGpuShare(ColocationChannel(path), "prefill", StreamPartition("cuda:0", "prefill", ctl, cuda=cuda))
+    seen: dict[str, tuple[int, int]] = {}
+
+    def forward(side: str):
+        seen[side] = (threading.get_ident(), cuda.current_stream("cuda:0").cuda_stream)
+        return [side]
+
+    async def encoder_batch():  # as the encode worker runs it: claim + forward in one worker thread
+        return await asyncio.to_thread(enc.run_batch, 2, 500, lambda: (threading.get_ident(), forward("encoder")))
+
+    for backlog in (100, 5000):  # two batches, two different splits
+        pre.report(held_requests=1, backlog_tokens=backlog)
+        _, (thread, out) = asyncio.run(encoder_batch())
+        enc.release(False)
+        assert out == ["encoder"] and seen["encoder"] == (thread, enc.partition.stream.cuda_stream)
+        assert pre.run_step(lambda: forward("prefill")) == ["prefill"]
+        assert seen["prefill"][1] == pre.partition.stream.cuda_stream
+
+    calls = _calls(fake)
+    assert len(calls) == 4 and all(stream != 0 for stream, _, _ in calls), calls
+    assert {s for s, _, _ in calls} == {enc.partition.stream.cuda_stream, pre.partition.stream.cuda_stream}
+    assert len({(lo, hi) for s, lo, hi in calls if s == enc.partition.stream.cuda_stream}) == 2  # re-masked per batch
+    assert cuda.current_stream("cuda:0").cuda_stream == 0  # the caller's stream is current again afterwards
+    assert enc.partition.stream.waited_on == [0, 0]  # each batch waited for the caller's stream before it ran
+
+
+def test_green_contexts_pick_a_pre_created_stream_per_batch(fake_libcuda):
+    """Without libsmctrl, green contexts: layouts made up front, the stream nearest each batch's split."""
+    ctypes.CDLL(str(fake_libcuda)).fake_reset()
+    ctl = SMController("/nonexistent/libsmctrl.so", check_driver=False)
+    cuda = FakeCuda()
+    part = StreamPartition("cuda:0", "encoder", ctl, cuda=cuda, green=GreenContexts(driver_path=str(fake_libcuda)))
+    assert part.supported and part.backend == "green" and part.total_tpcs == 66, part.reason
+    streams = set()
+    for e in (16, 33, 50):
+        assert part.apply(TPCSplit(e, 66 - e, "dynamic"))
+        assert part.stream.cuda_stream != 0
+        streams.add(part.stream.cuda_stream)
+        with part.running():
+            assert cuda.current_stream("cuda:0") is part.stream
+    assert len(streams) == 3  # a quarter, a half, three quarters of the SMs
+    part.apply(TPCSplit(0, 0, "none"))
+    assert part.stream.cuda_stream not in streams  # the whole GPU: a plain created stream
 
 
 def test_a_stealing_worker_does_not_follow_splits_and_counts_its_steps(tmp_path):

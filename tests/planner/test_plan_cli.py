@@ -21,23 +21,34 @@ def run_cli(capsys, *args: str) -> tuple[int, str]:
     return code, " ".join((captured.out + captured.err).split())  # rich wraps lines at the terminal width
 
 
-@pytest.mark.parametrize("text,seconds", [("2s", 2.0), ("100ms", 0.1), ("0.5", 0.5), ("250 us", 250e-6),
-                                          ("1e-1s", 0.1)])
+@pytest.mark.parametrize("text,seconds", [("2s", 2.0), ("100ms", 0.1), ("0.5", 0.5e-3), ("2000", 2.0),
+                                          ("250 us", 250e-6), ("1e-1s", 0.1), ("1min", 60.0)])
 def test_parse_duration(text, seconds):
     assert parse_duration(text, "ttft") == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text,match", [
     ("ttft=2parsecs,tpot=1ms", "cannot read ttft='2parsecs'"),
-    ("ttft=2s", "lacks tpot"),
-    ("ttft=0s,tpot=1ms", "must be a positive time"),
-    ("latency=2s,tpot=1ms", "cannot read SLO part 'latency=2s'"),
-    ("", "lacks ttft and tpot"),
+    ("ttft=2s", "missing: tpot"),
+    ("ttft=0s,tpot=1ms", "must be a finite, positive time"),
+    ("latency=2s,tpot=1ms", "unknown metric 'latency'"),
+    ("ttft=1s,tpot=1ms,ttft=2s", "gives ttft twice"),
+    ("", "missing: ttft, tpot"),
 ])
 def test_parse_slo_errors(text, match):
     with pytest.raises(ValueError, match=match):
         parse_slo(text)
+
+
+def test_slo_bare_numbers_are_milliseconds_as_in_bench():
+    """`--slo ttft=2000` once meant 2000 s here and 2 s in `tierserve bench --goodput ttft:2000`; now both 2 s."""
+    from benchmarks.bench.slo import parse_goodput
+
     assert parse_slo("TPOT=100ms, ttft=2s") == pytest.approx((2.0, 0.1))
+    assert parse_slo("ttft=2000,tpot=100") == pytest.approx((2.0, 0.1))
+    assert parse_slo("ttft:2000 ,tpot:100") == pytest.approx((2.0, 0.1))  # bench's separator reads too
+    bench = parse_goodput(["ttft:2000", "tpot:100"])
+    assert (bench.ttft_ms / 1e3, bench.tpot_ms / 1e3) == pytest.approx(parse_slo("ttft=2000,tpot=100"))
 
 
 def test_plan_prints_the_plan_and_writes_the_file(capsys, tmp_path):
@@ -66,12 +77,15 @@ def test_budget_mode_and_resumed_storage(capsys, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--gpus", "2xB300,2xA100"], "error: unknown GPU tier 'B300'"),
     (["--gpus", "2xA100", "--slo", "ttft=fast,tpot=1ms"], "error: cannot read ttft='fast'"),
+    (["--gpus", "2xA100", "--slo", "ttft=2parsec,tpot=1ms"], "or a number with a unit (us, ms, s, min), e.g. 2s"),
     (["--budget", "0.5", "--tiers", "L4"], "error: a budget of $0.5/h buys no complete allocation"),
-    (["--budget", "1", "--rate", "8"], "error: no allocation keeps every stage under 85% busy"),
+    (["--budget", "1", "--rate", "8"], "error: no allocation keeps up with 8 req/s even at 100% busy"),
     (["--gpus", "2xA100", "--modality", "video"], "error: model 'llava-1.5-7b' has no video workload"),
     (["--gpus", "2xA100", "--storage", "notaurl"], "error: cannot open the study storage 'notaurl'"),
     (["--gpus", "2xA100", "--method", "random", "--storage", "sqlite:///x.db"], "resumes HAS studies only"),
     (["--gpus", "2xA100", "--trials", "0"], "error: --trials must be at least 1"),
+    (["--gpus", "2xA100", "--dtypes", "int4"], "--dtypes 'int4': give a comma list of bf16, fp8, int8"),
+    (["--gpus", "2xA100", "--tp", "3"], "--tp '3': tensor-parallel degrees are some of 1, 2, 4"),
 ])
 def test_bad_input_exits_2_with_a_message(capsys, tmp_path, args, message):
     code, out = run_cli(capsys, *args, "--out", str(tmp_path / "p.yaml"))

@@ -5,11 +5,13 @@
     backend_child.py KIND send ADDRESS  sends the tensors of tensor_cases.py, prints their descriptors, exits
     backend_child.py KIND flood ADDRESS prints "started", then sends 32 MB tensors until killed
 
-Every wait is bounded; exit status 0 means a clean close.
+Every wait is bounded; exit status 0 means a clean close. TS_CHILD_SECRET in the environment, if set, is
+the cluster secret both ends use (the forgery tests).
 """
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from transport.wire import TensorDescriptor, dtype_name, tensor_bytes  # noqa: E
 
 async def receive(kind: str, host: str | None) -> None:
     opts = {"host": host} if host and kind == "tcp" else {}
-    receiver = make_receiver(kind, "child", **({"tcp": True} if kind == "local" else opts))
+    receiver = make_receiver(kind, "child", secret=_secret(), **({"tcp": True} if kind == "local" else opts))
     await receiver.start()
     print(json.dumps({"address": receiver.address}), flush=True)
     loop = asyncio.get_running_loop()
@@ -47,7 +49,7 @@ async def receive(kind: str, host: str | None) -> None:
 
 
 async def send(kind: str, address: str, flood: bool) -> None:
-    sender = make_sender(kind, timeout=20.0)
+    sender = make_sender(kind, timeout=20.0, secret=_secret())
     try:
         if flood:
             big = torch.randn(8 << 20)
@@ -61,6 +63,11 @@ async def send(kind: str, address: str, flood: bool) -> None:
         print(json.dumps(out), flush=True)
     finally:
         await asyncio.wait_for(sender.close(), 20)
+
+
+def _secret() -> bytes | None:
+    value = os.environ.get("TS_CHILD_SECRET")
+    return value.encode() if value else None
 
 
 if __name__ == "__main__":

@@ -68,9 +68,9 @@ def _count_opens(monkeypatch) -> list[str]:
     return opened
 
 
-def _frame(descs: list[dict], payload: bytes, magic=b"TSRV", version=1) -> bytes:
+def _frame(descs: list[dict], payload: bytes, magic=b"TSRV", version=2) -> bytes:
     """A frame written by hand, so a change of the wire format shows up here."""
-    header = json.dumps(descs).encode()
+    header = json.dumps({"descs": descs}).encode()
     return struct.pack("!4sBI", magic, version, len(header)) + header + payload
 
 
@@ -214,10 +214,10 @@ async def test_corrupted_frame_gets_an_error_reply_and_the_connection_keeps_serv
     [
         (_frame([], b"", magic=b"HTTP"), "not a tierserve frame"),
         (_frame([], b"", version=9), "not a tierserve frame"),
-        (b"TSRV\x01" + struct.pack("!I", 2) + b"{]", "invalid header"),
+        (b"TSRV\x02" + struct.pack("!I", 2) + b"{]", "invalid header"),
         (_frame([{"request_id": "r", "name": "x", "dtype": "complex", "shape": [1], "nbytes": 8, "checksum": 0}], b""),
          "invalid header"),
-        (b"TSRV\x01" + struct.pack("!I", 1 << 30), "exceeds max_header"),
+        (b"TSRV\x02" + struct.pack("!I", 1 << 30), "exceeds max_header"),
     ],
 )
 async def test_malformed_frames_get_an_error_reply_then_close(open_receiver, sender, frame, reason):
@@ -281,7 +281,7 @@ async def test_sender_retries_a_broken_pooled_connection_once_but_not_a_fresh_on
         try:
             while True:
                 _, _, hlen = struct.unpack("!4sBI", await reader.readexactly(9))
-                descs = json.loads(await reader.readexactly(hlen))
+                descs = json.loads(await reader.readexactly(hlen))["descs"]
                 await reader.readexactly(sum(d["nbytes"] for d in descs))
                 rid = descs[0]["request_id"]
                 frames.append((me, rid))

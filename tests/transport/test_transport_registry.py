@@ -89,9 +89,9 @@ async def test_the_worker_config_tells_the_tcp_receiver_which_address_to_bind_an
     add_worker_args(p)
     cfg = WorkerConfig(**worker_fields(p.parse_args(["--worker-id", "w1", "--transport", "tcp",
                                                      "--transport-host", "127.0.0.2"])))
-    assert cfg.receiver_options() == {"host": "127.0.0.2"}
-    assert WorkerConfig(worker_id="w2", transport="ucx", transport_host="10.0.0.1").receiver_options() == {}
-    assert WorkerConfig(worker_id="w3", transport="tcp").receiver_options() == {}  # 127.0.0.1, as before
+    assert cfg.receiver_options()["host"] == "127.0.0.2"
+    assert "host" not in WorkerConfig(worker_id="w2", transport="ucx", transport_host="10.0.0.1").receiver_options()
+    assert "host" not in WorkerConfig(worker_id="w3", transport="tcp").receiver_options()  # 127.0.0.1, as before
     receiver = make_receiver(cfg.transport, cfg.worker_id, **cfg.receiver_options())
     await receiver.start()
     sender = make_sender("tcp", timeout=5.0)
@@ -102,6 +102,45 @@ async def test_the_worker_config_tells_the_tcp_receiver_which_address_to_bind_an
             assert torch.equal((await receiver.recv(descs, timeout=1))["x"], torch.arange(4))
     finally:
         await sender.close()
+        await receiver.close()
+
+
+async def test_the_worker_config_carries_the_cluster_secret_and_caps_from_the_environment(monkeypatch):
+    """The launcher passes the secret and the Redis URL in the environment (never on the command line); the
+    flags set the receiver's caps; both ends built from the config authenticate each other."""
+    import argparse
+
+    from coordinator.protocol.worker_config import WorkerConfig, add_worker_args, worker_fields
+
+    p = argparse.ArgumentParser()
+    add_worker_args(p)
+    argv = ["--worker-id", "w1", "--transport", "tcp", "--transport-max-unclaimed-mib", "2",
+            "--transport-unclaimed-ttl-s", "5"]
+    monkeypatch.delenv("TIERSERVE_CLUSTER_SECRET", raising=False)
+    monkeypatch.delenv("TIERSERVE_CLUSTER_SECRET_FILE", raising=False)
+    assert WorkerConfig(**worker_fields(p.parse_args(argv))).sender_options() == {}
+    monkeypatch.setenv("TIERSERVE_CLUSTER_SECRET", "s3cret")
+    monkeypatch.setenv("TIERSERVE_REDIS_URL", "redis://:pw@10.0.0.9:6379/2")
+    cfg = WorkerConfig(**worker_fields(p.parse_args(argv)))  # read at parse time, not at import
+    assert cfg.redis_url == "redis://:pw@10.0.0.9:6379/2" and "s3cret" not in repr(cfg)
+    assert cfg.sender_options() == {"secret": b"s3cret"}
+    assert cfg.receiver_options() == {"secret": b"s3cret", "max_unclaimed_bytes": 2 << 20,
+                                      "max_request_bytes": 512 << 20, "ttl": 5.0}
+    receiver = make_receiver(cfg.transport, cfg.worker_id, **cfg.receiver_options())
+    await receiver.start()
+    sender, stranger = make_sender("tcp", timeout=5.0, **cfg.sender_options()), make_sender("tcp", timeout=5.0)
+    try:
+        async with asyncio.timeout(10):
+            with pytest.raises(TransportError, match="no authentication tag"):
+                await stranger.send(receiver.address, "r1", {"x": torch.arange(4)})
+            with pytest.raises(TransportError, match="max_unclaimed_bytes=2097152"):
+                await sender.send(receiver.address, "big", {"x": torch.zeros(1 << 20)})
+            descs = await sender.send(receiver.address, "r1", {"x": torch.arange(4)})
+            assert torch.equal((await receiver.recv(descs, timeout=1))["x"], torch.arange(4))
+            assert receiver.stats().refused_bad_mac == 1 and receiver.stats().refused_over_cap == 1
+    finally:
+        await sender.close()
+        await stranger.close()
         await receiver.close()
 
 

@@ -1,0 +1,128 @@
+"""The requests one coordinator has in flight: where each is now, what reached its client, which run counts.
+
+A `Flight` is the coordinator's memory of one request: its inputs (to run it again), the worker holding it
+(`holder`, moved by hand-off events), the tokens already accepted for its client, and its attempt. The reply
+reader (replies.py) feeds it the request's events; events of a superseded attempt are dropped, so when the
+coordinator re-runs a request (failover.py) the client sees every token exactly once: the new run
+continues after the tokens accepted so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from coordinator.protocol.messages import Holder, MediaRef, SamplingParams, TokenEvent
+
+
+class RelayTimeout(TimeoutError):
+    pass
+
+
+@dataclass
+class Flight:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    media: list[MediaRef]
+    """The request's stored media (empty for text-only): a re-run encodes them again."""
+    received: float
+    """time.time() at arrival."""
+    attempt: int = 0
+    holder: Holder | None = None
+    holder_since: float = 0.0
+    """time.monotonic() when `holder` was set: a liveness view taken before it says nothing about it."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """Tokens accepted for the client, in order (what a re-run continues after)."""
+    lost_holders: list[str] = field(default_factory=list)
+    """Workers that died (or left) holding this request, oldest first."""
+    done: bool = False
+    unavailable: bool = False
+    """It failed because no worker could finish it (answered 503), not because of a worker's error."""
+    rerunning: bool = False
+    broken: bool = False
+    """Its events skipped some tokens (lost with Redis): it needs a re-run from what the client has."""
+    events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+
+    def hold(self, holder: Holder) -> None:
+        self.holder, self.holder_since = holder, time.monotonic()
+
+    def accept(self, ev: TokenEvent) -> None:
+        """An event off the reply stream: a hand-off moves the holder; tokens and the end go to the client."""
+        if self.done or ev.attempt != self.attempt:
+            return
+        if ev.holder is not None:
+            self.hold(ev.holder)
+            return
+        if self.broken:
+            return
+        have = len(self.output_token_ids)
+        if ev.token_ids and ev.index > have:  # tokens in between never arrived: re-run from what we have
+            self.broken = True
+            return
+        if ev.token_ids and ev.index < have:  # a repeat of tokens already accepted (never expected)
+            skip = have - ev.index
+            if skip >= len(ev.token_ids) and ev.finish_reason is None:
+                return
+            ev = ev.model_copy(update={"token_ids": ev.token_ids[skip:], "text": "", "index": have,
+                                       "logprobs": ev.logprobs.tail(skip) if ev.logprobs else None})
+        self.output_token_ids += ev.token_ids
+        if ev.finish_reason is not None:
+            self.done = True
+        self.events.put_nowait(ev)
+
+    def fail(self, message: str, unavailable: bool = True) -> None:
+        """End the request with an explicit error (the client's answer says `message`)."""
+        if self.done:
+            return
+        self.done, self.unavailable = True, unavailable
+        self.events.put_nowait(TokenEvent(request_id=self.request_id, attempt=self.attempt, finish_reason="error",
+                                          error=message))
+
+    async def stream(self, timeout_s: float) -> AsyncIterator[TokenEvent]:
+        """The client's events in order, up to the one with a finish_reason; RelayTimeout past the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RelayTimeout(f"no final token within {timeout_s:.0f} s")
+            if not self.events.empty():  # the common case under load: no wait, no timer
+                ev = self.events.get_nowait()
+            else:
+                try:  # asyncio.timeout, not wait_for: wait_for (3.11) makes a task per call, i.e. per event
+                    async with asyncio.timeout(remaining):
+                        ev = await self.events.get()
+                except TimeoutError:
+                    raise RelayTimeout(f"no final token within {timeout_s:.0f} s") from None
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+
+class FlightBook:
+    """Every request in flight on this coordinator, by id."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, Flight] = {}
+
+    def add(self, flight: Flight) -> None:
+        self._flights[flight.request_id] = flight
+
+    def remove(self, request_id: str) -> None:
+        self._flights.pop(request_id, None)
+
+    def get(self, request_id: str) -> Flight | None:
+        return self._flights.get(request_id)
+
+    def route(self, ev: TokenEvent) -> None:
+        flight = self._flights.get(ev.request_id)
+        if flight is not None:
+            flight.accept(ev)
+
+    def __iter__(self):
+        return iter(list(self._flights.values()))
+
+    def __len__(self) -> int:
+        return len(self._flights)

@@ -1,0 +1,71 @@
+"""The routing view (coordinator/routing_view.py) on a real Redis: concurrent dispatches share one registry
+scan, a scan is reused only while young, an empty one never, and it routes as WorkerRegistry.alive does."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from coordinator.protocol.keys import Keys
+from coordinator.protocol.messages import WorkerInfo
+from coordinator.protocol.registry import WorkerRegistry
+from coordinator.routing_view import RoutingView
+
+pytestmark = pytest.mark.redis
+
+
+def _info(wid: str, role: str) -> WorkerInfo:
+    return WorkerInfo(worker_id=wid, role=role, host="h", pid=1, model="m", started_at=time.time())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_shares_scans_while_young_and_matches_the_registry(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    reg = WorkerRegistry(redis, Keys(key_prefix), heartbeat_ttl_s=5.0)
+    clock = Clock()
+    view = RoutingView(reg, max_age_s=0.02, clock=clock)
+    try:
+        assert await view.alive(frozenset({"combined"})) == [] and view.scans == 1
+        assert await view.alive(frozenset({"combined"})) == [] and view.scans == 2  # an empty view is not reused
+        await reg.register(_info("l0", "combined"), load=3)
+        await reg.register(_info("e0", "encode"))
+        await reg.heartbeat(_info("l1", "combined"), 0, draining=True)
+        views = await asyncio.gather(*(view.alive(frozenset({"combined", "prefill"})) for _ in range(20)))
+        assert view.scans == 3  # twenty concurrent dispatches, one scan
+        direct = [(w.info, w.load) for w in await reg.alive(frozenset({"combined", "prefill"}))]
+        assert all([(w.info, w.load) for w in v] == direct for v in views)
+        assert [w.info.worker_id for w in views[0]] == ["l0"]  # the draining one is not routed to
+        assert [w.info.worker_id for w in await view.alive(frozenset({"encode"}))] == ["e0"] and view.scans == 3
+
+        await reg.heartbeat(_info("l0", "combined"), 7)
+        clock.now += 0.019
+        assert (await view.alive(frozenset({"combined"})))[0].load == 3 and view.scans == 3  # still young
+        clock.now += 0.002
+        assert (await view.alive(frozenset({"combined"})))[0].load == 7 and view.scans == 4  # too old: scanned
+    finally:
+        await redis.aclose()
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shared_scan(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    reg = WorkerRegistry(redis, Keys(key_prefix), heartbeat_ttl_s=5.0)
+    view = RoutingView(reg)
+    try:
+        await reg.register(_info("l0", "combined"))
+        first = asyncio.ensure_future(view.alive(frozenset({"combined"})))
+        second = asyncio.ensure_future(view.alive(frozenset({"combined"})))
+        await asyncio.sleep(0)
+        first.cancel()
+        assert [w.info.worker_id for w in await second] == ["l0"] and view.scans == 1
+    finally:
+        await redis.aclose()
