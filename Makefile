@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-installed
+DEPLOY_STAMP := $(VENV)/.deploy-installed
 
-.PHONY: demo test venv vllm clean deploy-deps gpu-wheels
+.PHONY: demo test test-long venv vllm clean deploy-deps gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,8 +31,11 @@ $(VLLM_STAMP): $(STAMP) .ci/install-vllm.sh
 vllm: $(VLLM_STAMP)
 
 # `tierserve deploy` and tests/deploy: Ansible (2.19 is the last for Python 3.11), ansible-lint, supervisord.
-deploy-deps: $(STAMP)
+$(DEPLOY_STAMP): $(STAMP)
 	$(BIN)/pip install -q "ansible-core==2.19.*" "ansible-lint>=25" "supervisor>=4.2"
+	touch $(DEPLOY_STAMP)
+
+deploy-deps: $(DEPLOY_STAMP)
 
 # The GPU pack's wheels for the device host (Python 3.12, maybe no pydantic/pillow; nothing downloads there):
 # `run(command="benchmarks/gpu/run.sh", carry=["build/gpu-wheels"])` takes them along.
@@ -42,8 +46,13 @@ gpu-wheels: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/tierserve demo
 
-test: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+# The suite less the tests marked `long` (fault injection, overload, live plan switches, multi-host deploy: about
+# 9 min together); it says how many it left to `make test-long`, which CI runs after it.
+test: $(STAMP) $(VLLM_STAMP) $(DEPLOY_STAMP)
+	$(BIN)/python -m pytest -q --durations=15 -m "not long"
+
+test-long: $(STAMP) $(VLLM_STAMP) $(DEPLOY_STAMP)
+	$(BIN)/python -m pytest -q --durations=15 -m long
 
 clean:
 	rm -rf $(VENV) *.egg-info

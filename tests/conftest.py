@@ -63,3 +63,19 @@ def module_prefix(redis_url):
 @pytest.fixture
 def logit_compare():
     return logit_mismatches
+
+
+_LONG_LEFT: list[str] = []
+
+
+def pytest_deselected(items):
+    """Remember the `long` tests a `-m "not long"` run leaves out, so the summary can say so."""
+    _LONG_LEFT.extend(item.nodeid for item in items if item.get_closest_marker("long") is not None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _LONG_LEFT:
+        modules = sorted({nodeid.split("::")[0] for nodeid in _LONG_LEFT})
+        terminalreporter.write_line(
+            f"{len(_LONG_LEFT)} tests marked long were not run here ({', '.join(m.rsplit('/', 1)[-1] for m in modules)}):"
+            " `make test-long` runs them, and CI runs it after `make test`.", yellow=True, bold=True)

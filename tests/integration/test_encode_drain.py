@@ -17,7 +17,7 @@ from cluster_factory import serve_cluster
 from benchmarks.faults.load import SteadyLoad, classify, counts, expected_answers, request_body
 from coordinator.protocol.keys import Keys
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.long]
 IMAGES = [0, 1, 2, 3]
 MAX_TOKENS = 8
 BURST = 12

@@ -15,7 +15,7 @@ from benchmarks.faults.load import SteadyLoad, counts, expected_answers, serves_
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.redis_server import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.long]
 IMAGES = [0, 1, 2, 3]
 MAX_TOKENS = 160
 """Long enough answers that a killed decoding worker holds requests mid-stream."""

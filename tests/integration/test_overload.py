@@ -14,7 +14,7 @@ import redis
 from cluster_factory import serve_cluster
 from media_factory import data_url, image_bytes
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.long]
 N = 1000
 
 

@@ -23,7 +23,7 @@ from coordinator.planner.planfile import PlanFile
 from coordinator.policies.base import PolicyConfig
 from coordinator.redis_server import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.long]
 IMAGES = [0, 1, 2, 3]
 MAX_TOKENS = 24
 RATE = 1.5

@@ -13,7 +13,7 @@ from benchmarks.faults.inject import kill9, wait_until_holding
 from benchmarks.faults.load import request_body, send
 from cluster_factory import serve_cluster
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture

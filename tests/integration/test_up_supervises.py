@@ -16,7 +16,7 @@ import pytest
 
 from coordinator.redis_server import free_port
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.long]
 REQUEST = {"model": "tiny-llava", "max_tokens": 4, "messages": [{"role": "user", "content": "hello there"}]}
 
 
