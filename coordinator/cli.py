@@ -60,6 +60,10 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
                    help="every worker's model dtype (default: %(default)s, the exact one)")
     p.add_argument("--model-name", default="", help="name clients use in `model` (default: tiny-llava, or the --model dir's name)")
     p.add_argument("--log-dir", default=None, help="where each process writes its JSON log (default: a temp dir)")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="seconds a worker asked to stop (a plan switch retiring it, Ctrl-C) keeps serving what it "
+                        "holds, taking nothing new (Ctrl-C waits at most 10 s); what is left then is re-run elsewhere "
+                        "(default: %(default)s)")
     api = p.add_argument_group("API limits (passed to the coordinator)")
     api.add_argument("--max-image-bytes", type=int, help="largest accepted image (default: 8 MiB)")
     api.add_argument("--max-images-per-request", type=int, help="most images in one request (default: 4)")
@@ -127,7 +131,7 @@ def spec_from(a: argparse.Namespace) -> ClusterSpec:
         model_dir=Path(a.model), model_name=a.model_name, redis_url=a.redis_url, key_prefix=a.key_prefix, host=a.host,
         port=a.port or free_port(), threads=a.threads, local_prefill=a.local_prefill, steal=a.steal, coordinator_args=coordinator_flags(a),
         transport=a.transport, device=a.device, dtype=a.dtype,
-        llm_args=["--engine", a.engine] if a.engine != "reference" else [],
+        llm_args=["--engine", a.engine] if a.engine != "reference" else [], drain_timeout_s=a.drain_timeout_s,
     )
 
 
@@ -193,7 +197,7 @@ def cmd_up(a: argparse.Namespace, console: Console) -> int:
         from coordinator.oserve.local_executor import attach  # PUT /v1/admin/plan switches these processes
         from coordinator.protocol import envs
 
-        control = attach(cluster, _plan_file(a), spec.secrets_env.get(envs.ADMIN_TOKEN))
+        control = attach(cluster, _plan_file(a), spec.secrets_env.get(envs.ADMIN_TOKEN), spec.drain_timeout_s)
         while not stop:
             cluster.supervise(lambda msg: console.print(msg, style="yellow", markup=False))
             try:

@@ -66,6 +66,10 @@ class ClusterSpec:
     worker i and the workers sharing its GPU on slot i, remote LLM worker j on slot encode_workers + j)."""
     dtype: str = "float32"
     """Every worker's model dtype (float32, bfloat16, float16)."""
+    drain_timeout_s: float = 0.0
+    """Seconds a worker `start` spawns keeps serving what it holds after a SIGTERM (`retire`, `stop`), taking
+    nothing new; 0: it exits at once and the coordinator re-runs what it held. Workers `add_worker` starts get
+    their caller's flags (the plan switch's executor passes its own)."""
     gpu_indices: list[int] | None = None
     """With device "cuda": the CUDA index of each device slot (a plan's gpu_index per GPU); None: slot k is cuda:k."""
     colocated: list[frozenset[str]] | None = None
@@ -168,7 +172,8 @@ class LocalCluster:
             self.redis = PrivateRedis().start()
             self.redis_url = self.redis.url
         common = ["--key-prefix", s.key_prefix, "--model", str(s.model_dir),
-                  "--model-name", s.model_name, "--threads", str(s.threads), "--transport", s.transport]
+                  "--model-name", s.model_name, "--threads", str(s.threads), "--transport", s.transport,
+                  *(["--drain-timeout-s", str(s.drain_timeout_s)] if s.drain_timeout_s > 0 else [])]
         for i in range(s.encode_workers):
             self._spawn(f"encode-{i}", ["-m", "encode_node", "--worker-id", f"encode-{i}", *common], device=i)
         colocated = 0

@@ -73,3 +73,28 @@ def test_up_refuses_a_non_loopback_bind_without_an_admin_token(tmp_path):
     r = subprocess.run([sys.executable, "-m", "coordinator.cli", "up", "--host", "0.0.0.0"], capture_output=True,
                        text=True, timeout=60, env=env)
     assert r.returncode == 2 and "TIERSERVE_ADMIN_TOKEN" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+def test_up_gives_every_worker_it_starts_a_drain_timeout(tmp_path):
+    """A plan switch retiring one of the first layout's workers lets it finish what it holds, as it does for
+    the workers the switch itself started (their flags come from the executor)."""
+    import argparse
+
+    from coordinator.cli import add_cluster_args, spec_from
+    from coordinator.launcher import LocalCluster
+
+    p = argparse.ArgumentParser()
+    add_cluster_args(p, None)
+    assert spec_from(p.parse_args([])).drain_timeout_s == 30.0
+    spec = spec_from(p.parse_args(["--drain-timeout-s", "12.5", "--llm", "prefill,decode", "--port", "1",
+                                   "--redis-url", "redis://127.0.0.1:1/0"]))  # a URL: no private Redis starts
+    cluster = LocalCluster(spec, tmp_path)
+    spawned = []
+    cluster._spawn = lambda name, argv, device=None: spawned.append((name, argv))  # record instead of starting
+    cluster.wait_ready = lambda n, t: None
+    cluster.start()
+    workers = [(n, argv) for n, argv in spawned if n != "coordinator"]
+    assert {n for n, _ in workers} == {"encode-0", "llm-0-prefill", "llm-1-decode"}
+    for name, argv in workers:
+        assert argv[argv.index("--drain-timeout-s") + 1] == "12.5", name
+    assert "--drain-timeout-s" not in dict(spawned)["coordinator"]

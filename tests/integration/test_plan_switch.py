@@ -63,7 +63,7 @@ class ControlLoop:
 def switching(redis_url, tmp_path):
     prefix = f"tstest-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(encode_workers=1, llm_roles=["combined"], redis_url=redis_url, key_prefix=prefix,
-                       port=free_port())
+                       port=free_port(), drain_timeout_s=30)  # as `tierserve up`: the first layout drains too
     cluster = LocalCluster(spec, tmp_path / "logs").start(timeout_s=240)
     client = redis.Redis.from_url(redis_url)
     drain = ["--drain-timeout-s", "30"]
