@@ -26,6 +26,9 @@ Modelling choices (and limits):
 - Transfers never contend for a link; they only add latency (embeddings: a few MB; DESIGN: < 2.5 %).
 - LLM engines are limited by max_num_seqs and the token budget; KV-cache memory is not modelled.
 - E+P sharing: see sim_gpu.py. Work stealing only on E nodes.
+- `shared_cores`: nodes whose workers time-slice one processor (a local CPU cluster with more workers
+  than cores): k of them computing at once each run at 1/k (sim_gpu.SharedCore). Such nodes step
+  one job at a time through the core, without coasting.
 - Token streaming to the client is free: the first token counts when its prefill step ends, plus the
   service's `request_latency_s()` when it has one (PerfModel: the coordinator's measured hops, a
   constant per request, so it shifts TTFT and finish times without changing any queue).
@@ -36,7 +39,7 @@ Modelling choices (and limits):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator.planner.deployment import Deployment
@@ -44,7 +47,7 @@ from coordinator.planner.goodput import SLO, NodeUsage, RequestRecord, Summary, 
 from coordinator.planner.service import ServiceTimes
 from coordinator.planner.sim_engine import Flight
 from coordinator.planner.sim_events import EventQueue
-from coordinator.planner.sim_gpu import SharedGPU
+from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
 from coordinator.planner.workload import SimRequest
@@ -92,7 +95,8 @@ class Cluster:
     """One run's nodes and the routing between them (built fresh per run: policies hold state)."""
 
     def __init__(self, deployment: Deployment, service: ServiceTimes, kv_bytes_per_token: int,
-                 embedding_bytes_per_token: int, default_tpcs: int, coast: bool) -> None:
+                 embedding_bytes_per_token: int, default_tpcs: int, coast: bool,
+                 shared_cores: Sequence[Collection[str]] = ()) -> None:
         self.deployment = deployment
         self.coast = coast
         """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
@@ -106,6 +110,7 @@ class Cluster:
         self.usage: list[NodeUsage] = []
         self._rr = 0
         ws_cfg = deployment.stealing
+        lanes = self._core_lanes(shared_cores)
         for name, node in zip(deployment.names, deployment.nodes):
             steals = node.role == "E" and ws_cfg.enabled
             stages = STAGES_OF_NODE[node.role] | ({"stolen"} if steals else set())
@@ -117,12 +122,31 @@ class Cluster:
                     gpu = SharedGPU(self.events, SMPartition(node.tpcs or default_tpcs, deployment.partition), usage)
                 self.encoders.append(EncodeNode(
                     self, usage, node.host, make_batch_policy(deployment.batch), OffloadRouter(deployment.offload.s),
-                    gpu, WorkStealing(ws_cfg) if steals else None))
+                    gpu, WorkStealing(ws_cfg) if steals else None, lanes.get(name)))
                 continue
-            llm = LLMNode(self, usage, node.host, LLM_ROLE_OF_NODE[node.role])
+            llm = LLMNode(self, usage, node.host, LLM_ROLE_OF_NODE[node.role], lanes.get(name))
             (self.decoders if node.role == "D" else self.remote_prefill).append(llm)
         self.has_remote_prefill = bool(self.remote_prefill)
         self.saturation_load = deployment.offload.saturation_load
+
+    def _core_lanes(self, shared_cores: Sequence[Collection[str]]) -> dict[str, CoreLane]:
+        """A lane on its core for every node named in `shared_cores` (E+P nodes excluded: their two
+        workers already share one processor, sim_gpu.SharedGPU)."""
+        names, roles = self.deployment.names, dict(zip(self.deployment.names, (n.role for n in self.deployment.nodes)))
+        lanes: dict[str, CoreLane] = {}
+        for i, group in enumerate(shared_cores):
+            unknown = sorted(set(group) - set(names))
+            if unknown:
+                raise ValueError(f"shared_cores[{i}] names nodes {unknown} that the deployment lacks; its nodes: {names}")
+            if any(roles[n] == "E+P" for n in group):
+                raise ValueError(f"shared_cores[{i}] = {sorted(group)}: an E+P node already shares its processor "
+                                 f"between its encoder and its prefill worker; it cannot join a shared core")
+            again = sorted(set(group) & set(lanes))
+            if again:
+                raise ValueError(f"nodes {again} are on more than one shared core")
+            core = SharedCore(self.events, f"core {i}")
+            lanes.update({n: core.lane(n) for n in group})
+        return lanes
 
     def least_loaded(self, nodes: list) -> object:
         """Lowest load; ties rotate so equal nodes share the traffic (coordinator least_loaded)."""
@@ -171,7 +195,8 @@ class Simulator:
     """Runs request lists through a deployment; each `run` starts from a fresh cluster."""
 
     def __init__(self, deployment: Deployment, service: ServiceTimes, *, kv_bytes_per_token: int,
-                 embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True) -> None:
+                 embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True,
+                 shared_cores: Sequence[Collection[str]] = ()) -> None:
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
                             ("embedding_bytes_per_token", embedding_bytes_per_token), ("default_tpcs", default_tpcs)):
             if value < 1:
@@ -187,6 +212,8 @@ class Simulator:
         self.coast = coast
         """Run plain decode steps without an event each (True); False steps every one through the event
         queue, which gives the same results (up to the order of simultaneous events) more slowly."""
+        self.shared_cores = [frozenset(g) for g in shared_cores]
+        """Groups of node names whose workers time-slice one core (module docstring); [] for none."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -202,7 +229,7 @@ class Simulator:
             rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
-                          self.default_tpcs, self.coast)
+                          self.default_tpcs, self.coast, self.shared_cores)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
 

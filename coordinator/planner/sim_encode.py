@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.planner.goodput import NodeUsage
 from coordinator.planner.sim_engine import Flight, StepPlan
-from coordinator.planner.sim_gpu import SharedGPU
+from coordinator.planner.sim_gpu import CoreLane, SharedGPU
 from coordinator.planner.sim_llm import Coast, Engine
 from coordinator.policies.base import Arrival, BatchPolicy
 from coordinator.policies.offload import OffloadRouter
@@ -33,7 +33,8 @@ class EncodeNode:
     work stealing (a local combined engine) on E."""
 
     def __init__(self, cluster: Cluster, usage: NodeUsage, host: str | None, policy: BatchPolicy,
-                 router: OffloadRouter, gpu: SharedGPU | None, stealing: WorkStealing | None) -> None:
+                 router: OffloadRouter, gpu: SharedGPU | None, stealing: WorkStealing | None,
+                 lane: CoreLane | None = None) -> None:
         self.cluster = cluster
         self.name, self.tier, self.host = usage.name, usage.tier, host
         self.usage = usage
@@ -44,8 +45,10 @@ class EncodeNode:
         self.local = Engine(cluster, self.name, self.tier, host, "prefill") if gpu is not None else None
         self.stealing = stealing
         self.stolen = Engine(cluster, self.name, self.tier, host, "combined") if stealing is not None else None
+        self.lane = lane
+        """E only: its lane on a core it time-slices with other nodes' workers (sim_gpu.SharedCore)."""
         self.coast = (Coast(self.stolen, cluster.events, self._stolen_coasted)
-                      if stealing is not None and cluster.coast else None)
+                      if stealing is not None and cluster.coast and lane is None else None)
         """Runs of plain stolen decode steps (sim_llm.py); cut short by a released micro-batch."""
         self.queue: deque[Flight] = deque()
         """Arrivals the policy has not released yet (the dispatcher's FIFO)."""
@@ -137,7 +140,7 @@ class EncodeNode:
         self._busy = True
         self.usage.stage_busy_s["encode"] += work
         self.usage.busy_s += work
-        self.cluster.events.at(now + work, self._encoded, batch)
+        self._run(now, work, self._encoded, batch)
 
     def _encoded(self, batch: list[Flight]) -> None:
         now = self.cluster.events.now
@@ -189,7 +192,14 @@ class EncodeNode:
         self._busy = True
         self.usage.stage_busy_s["stolen"] += seconds
         self.usage.busy_s += seconds
-        self.cluster.events.at(now + seconds, self._stolen_stepped, (plan, seconds))
+        self._run(now, seconds, self._stolen_stepped, (plan, seconds))
+
+    def _run(self, now: float, seconds: float, done, arg) -> None:
+        """E: `seconds` of work on the GPU (its whole, or its share of a shared core), then `done(arg)`."""
+        if self.lane is not None:
+            self.lane.run(seconds, done, arg)
+        else:
+            self.cluster.events.at(now + seconds, done, arg)
 
     def _stolen_stepped(self, arg: tuple[StepPlan, float]) -> None:
         plan, seconds = arg

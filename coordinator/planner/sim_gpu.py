@@ -1,11 +1,13 @@
-"""An E+P GPU shared by its encoder and its co-located prefill worker, SM partition by SM partition.
+"""Processors shared by several jobs at once: an E+P GPU, and a CPU core time-sliced by several workers.
 
-Each side is a lane holding at most one job (an encoder micro-batch, or one prefill step) measured
-in seconds at the full GPU (what ServiceTimes returns). A lane progresses at `speed`, its share of the
-GPU, and every start or finish re-divides the GPU, so a job's finish time moves when the other side
-starts or stops (processor sharing with piecewise-constant rates).
+Each side is a lane holding at most one job (an encoder micro-batch, one engine step) measured in
+seconds at the full processor (what ServiceTimes returns). A lane progresses at `speed`, its share of
+the processor, and every start or finish re-divides it, so a job's finish time moves when another lane
+starts or stops (processor sharing with piecewise-constant rates). `_LaneSet` does that bookkeeping;
+the two processors differ only in how they divide.
 
-Shares, from SMPartition (the same object the encode worker uses):
+SharedGPU: an E+P GPU shared by its encoder and its co-located prefill worker, SM partition by SM
+partition. Shares, from SMPartition (the same object the encode worker uses):
 - "static" / "dynamic": while a micro-batch is encoded, each side runs at allotted TPCs / total TPCs
   of the split chosen for THAT micro-batch (per-micro-batch masks, held until the batch ends; a
   dynamic split taken with no prefill backlog gives the prefill side nothing until the batch ends).
@@ -14,6 +16,11 @@ Shares, from SMPartition (the same object the encode worker uses):
 - "none": no masks. Two processes on one GPU without MPS time-slice, so we model processor sharing:
   each busy side gets half the GPU, a side alone gets all of it.
 Linear scaling in TPCs is optimistic for memory-bound prefill (SMs do not partition HBM bandwidth).
+
+SharedCore: one CPU core running the workers of several nodes (a local CPU cluster with more workers
+than cores, each pinned: `Simulator(shared_cores=...)`). The OS scheduler time-slices the busy ones
+fairly, so k busy lanes each run at 1/k: processor sharing again, at the scheduler's granularity
+(milliseconds), which is finer than most jobs here.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ class _Lane:
         self.stage = stage
         self.busy = False
         self.work_left = 0.0
-        """Seconds at the full GPU still to run."""
+        """Seconds at the full processor still to run."""
         self.speed = 0.0
         self.since = 0.0
         """When work_left was last brought up to date."""
@@ -44,51 +51,31 @@ class _Lane:
         self.done: tuple[Callable[[Any], None], Any] | None = None
 
 
-class SharedGPU:
-    """Encoder lane + local-prefill lane on one GPU; see the module docstring for the shares."""
+class _LaneSet:
+    """Lanes on one processor; subclasses say how it is divided (`_speeds`) and what a finish records."""
 
-    def __init__(self, events: EventQueue, partition: SMPartition, usage: NodeUsage) -> None:
+    def __init__(self, events: EventQueue, name: str) -> None:
         self.events = events
-        self.partition = partition
-        self.usage = usage
-        self.encoder = _Lane("encode")
-        self.prefill = _Lane("prefill")
-        self._split: TPCSplit | None = None
-        self._idle_split = partition.split(0, 0, 1)
-        if partition.config.mode != "none" and self._idle_split.prefill_tpcs == 0:
-            raise ValueError(f"an E+P GPU with total_tpcs={partition.total_tpcs} and mode="
-                             f"{partition.config.mode!r} leaves its prefill worker no TPC; give it more TPCs")
-        self._busy_since = 0.0
+        self.name = name
+        self.lanes: list[_Lane] = []
 
-    def start_encode(self, work_s: float, requests: int, tokens: int, backlog_tokens: int,
-                     done: Callable[[Any], None], arg: Any) -> None:
-        """Encode a micro-batch; the split is chosen now, for this batch, from the prefill backlog."""
-        self._split = self.partition.split(requests, tokens, backlog_tokens)
-        self._start(self.encoder, work_s, done, arg)
+    def _speeds(self) -> list[float]:
+        """Each lane's share of the processor now, in lane order."""
+        raise NotImplementedError
 
-    def start_prefill(self, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
-        self._start(self.prefill, work_s, done, arg)
+    def _finished(self, lane: _Lane, now: float) -> None:
+        """Bookkeeping when `lane`'s job ends, before the shares are recomputed."""
 
     def _start(self, lane: _Lane, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
         if lane.busy:
-            raise RuntimeError(f"{self.usage.name}: {lane.stage} lane is already busy")
+            raise RuntimeError(f"{self.name}: {lane.stage} lane is already busy")
         now = self.events.now
-        if not (self.encoder.busy or self.prefill.busy):
-            self._busy_since = now
         lane.busy, lane.work_left, lane.speed, lane.since, lane.started = True, work_s, 0.0, now, now
         lane.scheduled, lane.done = False, (done, arg)
         self._reflow(now)
 
-    def _speeds(self) -> tuple[float, float]:
-        enc, pre = self.encoder.busy, self.prefill.busy
-        if self.partition.config.mode == "none":
-            return (0.5, 0.5) if enc and pre else (1.0, 1.0)
-        split = self._split if enc and self._split is not None else self._idle_split
-        total = self.partition.total_tpcs
-        return split.encoder_tpcs / total, split.prefill_tpcs / total
-
     def _reflow(self, now: float) -> None:
-        for lane, speed in zip((self.encoder, self.prefill), self._speeds()):
+        for lane, speed in zip(self.lanes, self._speeds()):
             if not lane.busy:
                 continue
             lane.work_left = max(0.0, lane.work_left - (now - lane.since) * lane.speed)
@@ -107,12 +94,87 @@ class SharedGPU:
             return
         now = self.events.now
         lane.busy = lane.scheduled = False
+        self._finished(lane, now)
+        done, lane.done = lane.done, None
+        self._reflow(now)
+        assert done is not None
+        done[0](done[1])
+
+
+class SharedGPU(_LaneSet):
+    """Encoder lane + local-prefill lane on one GPU; see the module docstring for the shares."""
+
+    def __init__(self, events: EventQueue, partition: SMPartition, usage: NodeUsage) -> None:
+        super().__init__(events, usage.name)
+        self.partition = partition
+        self.usage = usage
+        self.encoder = _Lane("encode")
+        self.prefill = _Lane("prefill")
+        self.lanes = [self.encoder, self.prefill]
+        self._split: TPCSplit | None = None
+        self._idle_split = partition.split(0, 0, 1)
+        if partition.config.mode != "none" and self._idle_split.prefill_tpcs == 0:
+            raise ValueError(f"an E+P GPU with total_tpcs={partition.total_tpcs} and mode="
+                             f"{partition.config.mode!r} leaves its prefill worker no TPC; give it more TPCs")
+        self._busy_since = 0.0
+
+    def start_encode(self, work_s: float, requests: int, tokens: int, backlog_tokens: int,
+                     done: Callable[[Any], None], arg: Any) -> None:
+        """Encode a micro-batch; the split is chosen now, for this batch, from the prefill backlog."""
+        self._split = self.partition.split(requests, tokens, backlog_tokens)
+        self._start(self.encoder, work_s, done, arg)
+
+    def start_prefill(self, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
+        self._start(self.prefill, work_s, done, arg)
+
+    def _start(self, lane: _Lane, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
+        if not lane.busy and not (self.encoder.busy or self.prefill.busy):
+            self._busy_since = self.events.now
+        super()._start(lane, work_s, done, arg)
+
+    def _speeds(self) -> list[float]:
+        enc, pre = self.encoder.busy, self.prefill.busy
+        if self.partition.config.mode == "none":
+            return [0.5, 0.5] if enc and pre else [1.0, 1.0]
+        split = self._split if enc and self._split is not None else self._idle_split
+        total = self.partition.total_tpcs
+        return [split.encoder_tpcs / total, split.prefill_tpcs / total]
+
+    def _finished(self, lane: _Lane, now: float) -> None:
         self.usage.stage_busy_s[lane.stage] += now - lane.started
         if not (self.encoder.busy or self.prefill.busy):
             self.usage.busy_s += now - self._busy_since
         if lane is self.encoder:
             self._split = None
-        done, lane.done = lane.done, None
-        self._reflow(now)
-        assert done is not None
-        done[0](done[1])
+
+
+class CoreLane:
+    """One node's worker on a SharedCore: runs one job at a time, at the core's fair share."""
+
+    __slots__ = ("core", "lane")
+
+    def __init__(self, core: SharedCore, lane: _Lane) -> None:
+        self.core = core
+        self.lane = lane
+
+    @property
+    def busy(self) -> bool:
+        return self.lane.busy
+
+    def run(self, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
+        """Run `work_s` seconds of work (at the whole core); `done(arg)` when it is through."""
+        self.core._start(self.lane, work_s, done, arg)
+
+
+class SharedCore(_LaneSet):
+    """A CPU core time-sliced by the workers pinned to it: k busy lanes each run at 1/k."""
+
+    def lane(self, node: str) -> CoreLane:
+        """A lane for node `node`'s worker (its usage is the node's own business)."""
+        lane = _Lane(node)
+        self.lanes.append(lane)
+        return CoreLane(self, lane)
+
+    def _speeds(self) -> list[float]:
+        busy = sum(lane.busy for lane in self.lanes)
+        return [1.0 / busy if busy else 1.0] * len(self.lanes)

@@ -27,6 +27,7 @@ from coordinator.planner.sim_events import EventQueue
 
 if TYPE_CHECKING:
     from coordinator.planner.sim import Cluster
+    from coordinator.planner.sim_gpu import CoreLane
 
 MAX_COAST_STEPS = 32
 """Longest run of plain steps planned at once (bounds the end-time list)."""
@@ -128,12 +129,16 @@ class Coast:
 class LLMNode:
     """A P, D or P+D GPU: one engine stepping back to back while it has work."""
 
-    def __init__(self, cluster: Cluster, usage: NodeUsage, host: str | None, role: LLMRole) -> None:
+    def __init__(self, cluster: Cluster, usage: NodeUsage, host: str | None, role: LLMRole,
+                 lane: CoreLane | None = None) -> None:
         self.cluster = cluster
         self.name, self.tier, self.host = usage.name, usage.tier, host
         self.usage = usage
         self.engine = Engine(cluster, usage.name, usage.tier, host, role)
-        self.coast = Coast(self.engine, cluster.events, self._coasted) if cluster.coast else None
+        self.lane = lane
+        """Its lane on a core it time-slices with other nodes' workers (sim_gpu.SharedCore); None: a GPU of its own."""
+        self.coast = Coast(self.engine, cluster.events, self._coasted) if cluster.coast and lane is None else None
+        """Not on a shared core: a coast's step ends are fixed when it starts, a shared core's are not."""
         self.incoming = 0
         """Requests routed here whose transfer has not landed yet."""
         self._busy = False
@@ -159,7 +164,10 @@ class LLMNode:
         stages["decode"] += decode
         self.usage.busy_s += prefill + decode
         self._busy = True
-        self.cluster.events.at(now + prefill + decode, self._stepped, plan)
+        if self.lane is not None:
+            self.lane.run(prefill + decode, self._stepped, plan)
+        else:
+            self.cluster.events.at(now + prefill + decode, self._stepped, plan)
 
     def _stepped(self, plan: StepPlan) -> None:
         now = self.cluster.events.now

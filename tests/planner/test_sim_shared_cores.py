@@ -1,0 +1,126 @@
+"""Nodes whose workers time-slice one CPU core (Simulator(shared_cores=...), sim_gpu.SharedCore)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.planner.deployment import Deployment
+from coordinator.planner.goodput import NodeUsage
+from coordinator.planner.sim import Simulator
+from coordinator.planner.sim_events import EventQueue
+from coordinator.planner.sim_gpu import SharedCore, SharedGPU
+from coordinator.planner.workload import SimRequest
+from coordinator.policies.sm_partition import SMPartition, SMPartitionConfig
+from tests.planner.test_sim import Table, workload
+
+EPD = "E@cpu, P@cpu, D@cpu"
+"""Node names 0-E-cpu, 1-P-cpu, 2-D-cpu."""
+
+
+def request(rid: int, arrival: float, out: int = 3) -> SimRequest:
+    return SimRequest(rid, arrival, "image", 1, 16, 16, out)
+
+
+def simulate(requests, shared_cores=(), spec: str = EPD, table: Table | None = None, coast: bool = True):
+    sim = Simulator(Deployment.parse(spec), table or Table(), kv_bytes_per_token=1000, embedding_bytes_per_token=100,
+                    shared_cores=shared_cores, coast=coast)
+    return sim.run(requests)
+
+
+def test_busy_lanes_split_the_core_equally_and_speed_up_as_others_finish():
+    events, done = EventQueue(), {}
+    core = SharedCore(events, "core 0")
+    lanes = [core.lane(f"n{i}") for i in range(3)]
+    for lane, work in zip(lanes, (0.3, 0.6, 0.9)):
+        lane.run(work, lambda name: done.__setitem__(name, events.now), work)
+    events.run()
+    # all three at 1/3 until the first is through (0.9 s), then two at 1/2 (0.3 s left each of... 0.6 s), then one
+    assert done == pytest.approx({0.3: 0.9, 0.6: 1.5, 0.9: 1.8})
+    assert not any(lane.busy for lane in lanes)
+
+
+def test_a_lane_alone_runs_at_full_speed():
+    events, done = EventQueue(), {}
+    lane = SharedCore(events, "core 0").lane("n0")
+    lane.run(0.25, lambda _: done.__setitem__("t", events.now), None)
+    with pytest.raises(RuntimeError, match="already busy"):
+        lane.run(0.1, lambda _: None, None)
+    events.run()
+    assert done["t"] == pytest.approx(0.25)
+
+
+def test_an_encoder_and_a_prefill_worker_on_one_core_slow_each_other_only_while_both_compute():
+    table = Table(encode=0.010, transfer=0.001, prefill=0.020, decode=0.005)
+    reqs = [request(0, 0.0), request(1, 0.015)]
+    alone = {r.request.request_id: r for r in simulate(reqs, table=table).records}
+    shared = {r.request.request_id: r for r in simulate(reqs, [{"0-E-cpu", "1-P-cpu"}], table=table).records}
+    # alone: encode 0-0.010, transfer, prefill 0.011-0.031; request 1 encodes 0.015-0.025
+    assert alone[0].first_token == pytest.approx(0.031) and alone[1].encode_end == pytest.approx(0.025)
+    # shared: the prefill runs alone 0.011-0.015 (0.004 done), then both at half speed until the encode's
+    # 0.010 s of work is through at 0.035 (prefill: 0.010 more done), then the last 0.006 alone
+    assert shared[1].encode_end == pytest.approx(0.035)
+    assert shared[0].first_token == pytest.approx(0.041)
+    assert shared[0].encode_end == pytest.approx(alone[0].encode_end)  # nothing else ran then
+    # the decode node keeps a core of its own: its steps still take 0.005 s each
+    assert shared[0].finish - shared[0].first_token == pytest.approx(alone[0].finish - alone[0].first_token)
+
+
+def test_a_shared_core_changes_nothing_when_its_workers_never_overlap():
+    table = Table(encode=0.010, transfer=0.001, prefill=0.020, decode=0.005)
+    reqs = [request(i, 0.5 * i, out=4) for i in range(20)]  # each done in ~50 ms
+    alone = simulate(reqs, table=table).records
+    shared = simulate(reqs, [{"0-E-cpu", "1-P-cpu", "2-D-cpu"}], table=table).records
+    gaps = [b.request.arrival - a.finish for a, b in zip(alone, alone[1:])]
+    assert min(gaps) > 0  # the premise: no two requests in the cluster at once
+    for a, s in zip(alone, shared):
+        assert (s.first_token, s.finish) == pytest.approx((a.first_token, a.finish))
+
+
+def test_two_decoders_on_one_core_each_step_at_half_speed():
+    """A combined and a decode worker time-slicing a core (the E+P layout's remote side): while both
+    decode, every step of each takes twice as long."""
+    table = Table(encode=0.001, transfer=0.0, prefill=0.002, decode=0.010)
+    spec = "E+P@cpu, P+D@cpu, D@cpu"
+    reqs = [request(0, 0.0, out=41), request(1, 0.0, out=41)]
+    knobs = {"offload": {"s": 0.5}, "partition": {"mode": "none"}}
+    sim = Simulator(Deployment.parse(spec, **knobs), table, kv_bytes_per_token=1000, embedding_bytes_per_token=100,
+                    shared_cores=[{"1-P+D-cpu", "2-D-cpu"}])
+    records = sim.run(reqs).records
+    assert {r.decode_node for r in records} == {"1-P+D-cpu", "2-D-cpu"}  # one each: s = 0.5
+    for r in records:
+        assert r.tpot == pytest.approx(0.020, rel=0.1)
+    alone = Simulator(Deployment.parse(spec, **knobs), table, kv_bytes_per_token=1000,
+                      embedding_bytes_per_token=100).run(reqs).records
+    for r in alone:
+        assert r.tpot == pytest.approx(0.010, rel=0.1)
+
+
+def test_shared_core_groups_are_checked():
+    with pytest.raises(ValueError, match="lacks"):
+        simulate([request(0, 0.0)], [{"0-E-cpu", "9-P-cpu"}])
+    with pytest.raises(ValueError, match="more than one shared core"):
+        simulate([request(0, 0.0)], [{"0-E-cpu", "1-P-cpu"}, {"1-P-cpu", "2-D-cpu"}])
+    with pytest.raises(ValueError, match="E\\+P node"):
+        simulate([request(0, 0.0)], [{"0-E+P-cpu", "1-P+D-cpu"}], spec="E+P@cpu, P+D@cpu, D@cpu")
+
+
+def test_stolen_steps_on_a_shared_core_do_not_coast_and_still_finish():
+    """Work stealing on an E node whose core another worker shares: stolen steps run through the core."""
+    table = Table(encode=0.002, transfer=0.001, prefill=0.004, decode=0.003)
+    reqs = workload(40.0, output_tokens=20).generate(60, seed=1)
+    knobs = {"stealing": {"enabled": True, "remote_load_threshold": 0}}
+    sim = Simulator(Deployment.parse("E@cpu, P+D@cpu", **knobs), table, kv_bytes_per_token=1000,
+                    embedding_bytes_per_token=100, shared_cores=[{"0-E-cpu", "1-P+D-cpu"}])
+    result = sim.run(reqs)
+    assert result.encoders[0].stolen > 0
+    assert all(r.finish >= r.first_token > r.request.arrival for r in result.records)
+
+
+def test_the_e_plus_p_gpu_still_splits_as_before():
+    events, usage, done = EventQueue(), NodeUsage("ep", "l4", "E+P"), {}
+    g = SharedGPU(events, SMPartition(64, SMPartitionConfig(mode="none")), usage)
+    g.start_prefill(1.0, lambda n: done.__setitem__(n, events.now), "prefill")
+    g.start_encode(0.5, 1, 100, 1000, lambda n: done.__setitem__(n, events.now), "encode")
+    events.run()
+    assert done == pytest.approx({"encode": 1.0, "prefill": 1.5})
+    assert usage.busy_s == pytest.approx(1.5)
