@@ -30,6 +30,12 @@ Offline, from a saved result (no cluster: the same requests are regenerated from
 seed, the saved profiles and live figures are reused, only the simulator runs):
 
     python -m benchmarks.sim_fidelity --resimulate benchmarks/results/sim_fidelity.json [--out FILE]
+
+Other layouts (E+P+D with KV hand-off, a co-located prefill worker at s = 0.5, work stealing, adaptive
+micro-batching; sim_fidelity_layouts.py), each with its own SLO and rates:
+
+    python -m benchmarks.sim_fidelity --layouts epd colocated_prefill stealing adaptive --requests 120
+    python -m benchmarks.sim_fidelity --resimulate benchmarks/results/sim_fidelity_layouts.json
 """
 
 from __future__ import annotations
@@ -198,12 +204,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulate an engine that does not pad its batches (the simulator before pad_to_longest)")
     p.add_argument("--resimulate", type=Path, metavar="RESULT_JSON",
                    help="no cluster: re-run only the simulator on a saved result's profiles, requests and live figures")
+    p.add_argument("--layouts", nargs="+", metavar="LAYOUT", default=None,
+                   help="run these layouts instead (sim_fidelity_layouts.LAYOUTS: combined, epd, colocated_prefill, "
+                        "stealing, adaptive), each at its own rates unless --rates is given")
+    p.add_argument("--slo", nargs="+", default=[], metavar="LAYOUT=TTFT,TPOT",
+                   help="with --layouts or --resimulate of a layouts result: judge LAYOUT under this SLO (seconds) instead")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON to write (default: benchmarks/results/sim_fidelity.json for a live run; "
                         "nothing for --resimulate)")
     a = p.parse_args(argv)
     command = " ".join(["python -m benchmarks.sim_fidelity", *(sys.argv[1:] if argv is None else argv)])
     console = Console(width=None if sys.stdout.isatty() else 140)  # a piped table keeps one line per row
+    rates_given = any(x == "--rates" or x.startswith("--rates=") for x in (sys.argv[1:] if argv is None else argv))
+    if a.layouts is not None or (a.resimulate is not None and "layouts" in json.loads(a.resimulate.read_text())):
+        return layouts_main(a, p, command, console, rates_given)
     if a.resimulate is not None:
         return resimulate(a.resimulate, a.out, not a.no_padding, command, console)
     if a.requests < 2 or a.repeats < 1 or any(r <= 0 for r in a.rates):
@@ -240,6 +254,31 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(console, cells, slo)
     console.print(f"wrote {out}")
+    return 0
+
+
+def layouts_main(a: argparse.Namespace, p: argparse.ArgumentParser, command: str, console: Console,
+                 rates_given: bool) -> int:
+    """--layouts (live) or --resimulate of a layouts result: sim_fidelity_layouts.py."""
+    from benchmarks import sim_fidelity_layouts as lay  # it imports this module
+
+    slos = {}
+    for item in a.slo:
+        name, _, pair = item.partition("=")
+        try:
+            ttft, tpot = (float(x) for x in pair.split(","))
+            slos[name] = SLO(ttft_s=ttft, tpot_s=tpot)
+        except ValueError:
+            p.error(f"--slo {item!r}: expected LAYOUT=TTFT_SECONDS,TPOT_SECONDS")
+    if a.resimulate is not None:
+        lay.resimulate(a.resimulate, slos, a.out, command, console)
+        return 0
+    unknown = sorted(set(a.layouts) - set(lay.LAYOUTS))
+    if unknown or a.requests < 2 or a.repeats < 1:
+        p.error(f"unknown layouts {unknown} (known: {', '.join(lay.LAYOUTS)}), or --requests < 2 or --repeats < 1")
+    out = a.out or Path("benchmarks/results/sim_fidelity_layouts.json")
+    lay.run(a.layouts, a.rates if rates_given else None, a.requests, a.seed, a.repeats, out, command, console, slos)
+    console.print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 
 

@@ -1,0 +1,69 @@
+"""The layouts fidelity benchmark's offline half (no cluster): every layout simulates, and a run judged
+against its own simulation as if it were live comes out with no error and no noise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.sim_fidelity import workload
+from benchmarks.sim_fidelity_layouts import LAYOUTS, judge, markdown, simulate
+from coordinator.planner.profile import Profile, pool_profiles
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    saved = json.loads((REPO / "benchmarks/results/sim_fidelity.json").read_text())
+    return pool_profiles([Profile.model_validate(c["profile"]) for c in saved["rates"]])
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_every_layout_simulates_and_uses_its_mechanism(name, profile):
+    layout = LAYOUTS[name]
+    reqs = workload(layout.rates[1], profile.encode["image"].tokens_per_item).generate(60, seed=0)
+    result = simulate(layout, profile, reqs)
+    assert all(r.finish > r.first_token > r.request.arrival for r in result.records)
+    nodes = {(r.prefill_node, r.decode_node) for r in result.records}
+    if name == "epd":
+        assert nodes == {("2-P-cpu", "1-D-cpu")}  # every KV cache handed off
+    if name == "colocated_prefill":
+        local = sum(r.local for r in result.records)
+        assert 25 <= local <= 35 and {d for _, d in nodes} == {"1-P+D-cpu", "2-D-cpu"}
+    if name == "stealing":
+        assert result.encoders[0].stolen > 0
+    if name == "adaptive":
+        assert max(r.encode_batch for r in result.records) > 1
+
+
+def fake_live(layout_name: str, profile: Profile, n: int, seed: int) -> dict:
+    """A layout report whose two 'live' runs are the simulation itself."""
+    layout = LAYOUTS[layout_name]
+    cells = []
+    for rate in layout.rates:
+        reqs = workload(rate, profile.encode["image"].tokens_per_item).generate(n, seed=seed)
+        recs = simulate(layout, profile, reqs).records
+        saved = {"sent": [r.request.arrival for r in recs], "ttft": [r.ttft for r in recs],
+                 "e2e": [r.finish - r.request.arrival for r in recs],
+                 "output_tokens": [r.request.output_tokens for r in recs], "error": [None] * len(recs)}
+        run = {"records": saved, "ttft_stages": {}, "load_average": [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]}
+        cells.append({"rate": rate, "live_runs": [run, dict(run)], "profile": profile.model_dump(mode="json")})
+    return {"layout": layout_name, "about": layout.about, "deployment_simulated": layout.deployment,
+            "knobs": layout.knobs, "shared_cores_simulated": [sorted(g) for g in layout.shared_cores],
+            "slo": layout.slo.model_dump(), "profiles": [profile.model_dump(mode="json")], "cells": cells}
+
+
+@pytest.mark.parametrize("name", ["epd", "colocated_prefill"])
+def test_a_run_judged_against_its_own_simulation_has_no_error(name, profile):
+    report = fake_live(name, profile, 40, seed=2)
+    judge(report, 40, 2)
+    for cell in report["cells"]:
+        assert cell["error"] == {k: 0.0 for k in cell["error"]}
+        assert cell["noise_floor"] == {k: 0.0 for k in cell["noise_floor"]}
+        assert cell["within_10pct"]
+    table = markdown({"command": "x", "date": "d", "requests_per_rate": 40, "seed": 2, "machine": "m",
+                      "layouts": [report]})
+    assert table.count(f"| {LAYOUTS[name].rates[1]:g} |") == 1 and "+0.0%" in table
