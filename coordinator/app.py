@@ -30,6 +30,7 @@ from coordinator.oserve.monitor_loop import WorkloadGauges, run_monitor
 from coordinator.policies.registry import make_batch_policy
 from coordinator.protocol.aborts import listen_channel
 from coordinator.protocol.keys import Keys
+from coordinator.protocol.process import cancel_and_wait
 from coordinator.protocol.registry import WorkerRegistry
 from coordinator.redis_client import dedicated_client, open_redis
 from coordinator.replies import read_replies
@@ -94,10 +95,8 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         try:
             yield
         finally:
-            for t in tasks:
-                t.cancel()
             # A read cancelled mid-reply can leave its connection closing slowly: never let it hold up shutdown.
-            await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT_S)
+            await cancel_and_wait(tasks, SHUTDOWN_WAIT_S)
             dispatcher.close()
             # Every step is bounded: a Redis that stopped answering must not hold a shutdown forever.
             with contextlib.suppress(Exception):

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from coordinator.errors import RequestError
 from coordinator.flights import Flight
 from coordinator.protocol.aborts import abort_message
-from coordinator.protocol.process import honour_cancel
+from coordinator.protocol.process import cancel_and_wait, honour_cancel
 from coordinator.state import AppState
 from coordinator.submit import dispatch_soon
 
@@ -145,6 +145,4 @@ class Failover:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))

@@ -22,6 +22,7 @@ from coordinator.flights import Flight, RelayTimeout
 from coordinator.prompt import sampling_from_request
 from coordinator.protocol.logprobs import TokenLogprobs
 from coordinator.protocol.messages import MediaRef, TokenEvent
+from coordinator.protocol.process import cancel_and_wait
 from coordinator.state import AppState, State
 from coordinator.submit import dispatch_soon, store_media
 
@@ -206,8 +207,7 @@ async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncItera
     finally:
         watching.cancel()
     if not collecting.done():  # the client went away: stop the workers spending compute on it
-        collecting.cancel()
-        await asyncio.gather(collecting, return_exceptions=True)
+        await cancel_and_wait([collecting])
         await _cleanup(state, tr.request_id, keys, finished=False)
         tr.record("disconnected")
         return JSONResponse(ErrorResponse.model_validate({"error": {"message": "client disconnected",

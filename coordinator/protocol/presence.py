@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from coordinator.protocol.messages import WorkerInfo
+from coordinator.protocol.process import cancel_and_wait
 from coordinator.protocol.registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,7 @@ class Presence:
     async def leave(self) -> None:
         """Stop beating and leave the registry (idempotent): nothing is routed here from now on."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         with contextlib.suppress(Exception):
             await self.registry.deregister(self.info.worker_id)

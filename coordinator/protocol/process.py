@@ -47,6 +47,36 @@ def honour_cancel() -> None:
         raise asyncio.CancelledError
 
 
+CANCEL_AGAIN_S = 0.1
+
+
+async def cancel_and_wait(tasks, timeout_s: float | None = 10.0) -> set[asyncio.Future]:
+    """Cancel the tasks and wait until they end, cancelling those still running again every CANCEL_AGAIN_S.
+
+    Python 3.11's `asyncio.wait_for`, which redis-py's socket reads and writes go through, drops a cancel that
+    arrives as its inner operation completes: the task goes on to its next await as if nothing happened, and
+    when that is an idle wait (an engine loop waiting for work) a single cancel never ends it. A cancel sent
+    again lands there. Returns the tasks still running after `timeout_s` (None: wait as long as it takes); the
+    outcomes of the ended ones are read, so none is reported as never retrieved."""
+    loop = asyncio.get_running_loop()
+    pending = {asyncio.ensure_future(t) for t in tasks}
+    everything = set(pending)
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while pending:
+        wait = CANCEL_AGAIN_S if deadline is None else min(CANCEL_AGAIN_S, deadline - loop.time())
+        if wait <= 0:
+            break
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=wait)
+    for t in everything - pending:
+        if not t.cancelled():
+            t.exception()
+    if pending:
+        log.warning("tasks still running after being cancelled", extra={"tasks": [repr(t)[:200] for t in pending]})
+    return pending
+
+
 async def forever(name: str, body: Callable[[], Awaitable[None]], stop: asyncio.Event, backoff_s: float = 0.5) -> None:
     """Run `body()` until `stop`; an exception (a Redis hiccup) is logged and retried, never fatal."""
     while not stop.is_set():
@@ -70,6 +100,4 @@ async def supervise(loops: list[Awaitable[None]], stop: asyncio.Event) -> None:
         if t is not stopper and not t.cancelled() and t.exception() is not None:
             log.error("worker loop died; stopping the worker", exc_info=t.exception())
     stop.set()
-    for t in [stopper, *tasks]:
-        t.cancel()
-    await asyncio.gather(stopper, *tasks, return_exceptions=True)
+    await cancel_and_wait([stopper, *tasks])

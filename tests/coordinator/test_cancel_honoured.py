@@ -49,3 +49,34 @@ async def test_an_error_without_a_cancel_is_retried():
 
 async def test_honour_cancel_is_silent_outside_a_cancel():
     honour_cancel()  # no pending cancel: returns
+
+
+async def _reply_then_idle(reply: asyncio.Future, idle: asyncio.Event) -> None:
+    await asyncio.wait_for(reply, 10)  # as redis-py's socket reads and writes do
+    await idle.wait()  # an engine loop with nothing to do
+
+
+async def test_cancel_and_wait_ends_a_task_whose_cancel_wait_for_dropped():
+    """On 3.11 a cancel that arrives as wait_for's operation completes is dropped (the reply is returned), and
+    the task idles on: one cancel never ends it (an LLM worker's test hung 1 in 3 runs, and so would a worker's
+    shutdown). cancel_and_wait cancels again and ends it."""
+    import sys
+
+    from coordinator.protocol.process import cancel_and_wait
+
+    for resend in (False, True):
+        reply, idle = asyncio.get_running_loop().create_future(), asyncio.Event()
+        task = asyncio.create_task(_reply_then_idle(reply, idle))
+        await asyncio.sleep(0)  # the task now waits in wait_for
+        reply.set_result(b"+OK")
+        if resend:  # its first cancel is dropped the same way; only the one it sends again ends the task
+            assert not await cancel_and_wait([task], 2.0)
+            assert task.cancelled()
+        else:
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.3)
+            if sys.version_info < (3, 12):
+                assert not task.done(), "3.11's wait_for no longer drops this cancel: the retry is moot"
+            task.cancel()  # a second cancel lands in the idle wait
+            await asyncio.wait({task}, timeout=2.0)
+            assert task.cancelled()
