@@ -17,6 +17,7 @@ from live_app import app_client, chat_body, openai_client
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from coordinator.protocol.process import cancel_and_wait
 from coordinator.redis_client import POOL_HEADROOM, open_redis
 from coordinator.redis_server import PrivateRedis
 
@@ -79,8 +80,7 @@ async def test_a_client_that_leaves_mid_upload_frees_its_slot(redis_url, key_pre
         held = asyncio.create_task(client.post("/v1/chat/completions", content=slow_upload(chat_body(), release)))
         await until(lambda: app.state.admission.in_flight == 1)
         assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 429
-        held.cancel()
-        await asyncio.gather(held, return_exceptions=True)
+        assert not await cancel_and_wait([held], 5.0)
         await until(lambda: app.state.admission.in_flight == 0)
         assert (await client.post("/v1/chat/completions", json=chat_body(model="x"))).status_code == 404
 
