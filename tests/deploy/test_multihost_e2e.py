@@ -33,7 +33,7 @@ from coordinator.policies.base import PolicyConfig
 from coordinator.redis_server import find_redis_server
 from transport.registry import unavailable as transport_unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.multihost, pytest.mark.long]
+pytestmark = [pytest.mark.slow, pytest.mark.multihost, pytest.mark.long, pytest.mark.timeout(900)]  # a deploy: ~200 s
 ROOT = Path(__file__).resolve().parents[2]
 TIERSERVE = str(Path(sys.executable).with_name("tierserve"))
 IMAGES = [0, 1, 2, 3]
