@@ -4,6 +4,7 @@
     tierserve deploy up -i cluster.yml          # site.yml: install, start, wait, put the plan's policy in force
     tierserve deploy status -i cluster.yml
     tierserve deploy restart -i cluster.yml --limit llm-1   # rolling: one worker at a time, each drained
+    tierserve deploy switch new-plan.yaml -i cluster.yml    # live: the new layout's workers start, the old drain
     tierserve deploy down -i cluster.yml [--purge]
 
 Bad input never ends in a traceback: the message says what is wrong and what to do, exit status 2.
@@ -20,6 +21,7 @@ EXAMPLES = """examples:
   tierserve deploy up -i cluster.yml
   tierserve deploy up -i cluster.yml --transport nixl -- --check --diff   # args after -- go to ansible-playbook
   tierserve deploy restart -i cluster.yml --limit llm-1
+  tierserve deploy switch new-plan.yaml -i cluster.yml
   tierserve deploy down -i cluster.yml
 
 hosts.yaml:
@@ -34,7 +36,7 @@ PLAYBOOKS = {"up": "site.yml", "status": "status.yml", "restart": "rolling_resta
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `deploy` on the `tierserve` command's subparsers."""
     p = subparsers.add_parser("deploy", help="deploy a plan on many hosts with Ansible (inventory, up, status, "
-                                             "restart, down)", description=__doc__, epilog=EXAMPLES,
+                                             "restart, switch, down)", description=__doc__, epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="deploy_cmd", required=True)
     inv = sub.add_parser("inventory", help="place a plan file on real hosts: write an Ansible inventory",
@@ -60,10 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        ("down", "stop every service and remove the service definitions (the venv, logs and data "
                                 "stay unless --purge)")):
         c = sub.add_parser(name, help=what, description=what)
-        c.add_argument("-i", "--inventory", required=True, metavar="INVENTORY.yml", help="the Ansible inventory")
-        c.add_argument("--secrets", metavar="PATH", help="the cluster's secrets file (default: INVENTORY's name + "
-                                                        ".secrets.yml beside it; `up` creates it, mode 0600)")
-        c.add_argument("--playbooks", metavar="DIR", help="deploy/ directory (default: this checkout's)")
+        _cluster_args(c)
         c.add_argument("--limit", metavar="HOSTS", help="only these hosts (ansible-playbook --limit)")
         if name == "up":
             src = c.add_mutually_exclusive_group()
@@ -76,7 +75,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             c.add_argument("--purge", action="store_true", help="also remove the venv, logs and Redis data")
         c.add_argument("ansible_args", nargs=argparse.REMAINDER,
                        help="after --: more ansible-playbook arguments (-v, --check, -e ...)")
+    what = ("switch the running cluster to another plan's layout without losing a request: the new workers start "
+            "on the least-loaded hosts of their group, are released together once all are registered, then the old "
+            "ones drain and stop; the plan's policy is put in force and the inventory rewritten so that `up` "
+            "reproduces the result")
+    c = sub.add_parser("switch", help=what, description=what)
+    c.add_argument("plan", metavar="NEW_PLAN.yaml", help="the plan file to switch to (`tierserve plan` writes it)")
+    _cluster_args(c)
+    c.add_argument("--start-timeout-s", type=float, default=600.0,
+                   help="new workers not all registered by then are stopped, and the old layout stays (default: "
+                        "%(default)s)")
+    c.add_argument("--playbook-timeout-s", type=float, default=900.0,
+                   help="a worker's ansible-playbook run still going after this is killed (default: %(default)s)")
+    c.add_argument("--log-dir", metavar="DIR", help="where the playbooks' output goes (default: INVENTORY's name + "
+                                                    ".switch-logs/<time> beside it)")
     return p
+
+
+def _cluster_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("-i", "--inventory", required=True, metavar="INVENTORY.yml", help="the Ansible inventory")
+    c.add_argument("--secrets", metavar="PATH", help="the cluster's secrets file (default: INVENTORY's name + "
+                                                    ".secrets.yml beside it; `up` creates it, mode 0600)")
+    c.add_argument("--playbooks", metavar="DIR", help="deploy/ directory (default: this checkout's)")
 
 
 def _inventory(a: argparse.Namespace) -> int:
@@ -105,9 +125,10 @@ def _inventory(a: argparse.Namespace) -> int:
     return 0
 
 
-def _playbook(a: argparse.Namespace) -> int:
+def _files(a: argparse.Namespace) -> tuple[Path, Path]:
+    """The inventory and the secrets file (checked to exist, except the secrets `up` creates)."""
     from coordinator.deploy.hosts import DeployError
-    from coordinator.deploy.runner import Playbook, build_wheel, ensure_secrets, playbooks_dir
+    from coordinator.deploy.runner import ensure_secrets
 
     inventory = Path(a.inventory)
     if not inventory.is_file():
@@ -118,6 +139,27 @@ def _playbook(a: argparse.Namespace) -> int:
         ensure_secrets(secrets)
     elif not secrets.is_file():
         raise DeployError(f"no secrets file at {secrets} (`tierserve deploy up` writes it); pass --secrets PATH")
+    return inventory, secrets
+
+
+def _switch(a: argparse.Namespace) -> int:
+    import time
+
+    from coordinator.deploy.runner import playbooks_dir
+    from coordinator.deploy.switch import SwitchOptions, switch
+
+    inventory, secrets = _files(a)
+    logs = Path(a.log_dir) if a.log_dir else (inventory.with_name(inventory.stem + ".switch-logs")
+                                              / time.strftime("%Y%m%d-%H%M%S"))
+    return switch(SwitchOptions(Path(a.plan), inventory, secrets, playbooks_dir(a.playbooks), logs,
+                                a.start_timeout_s, a.playbook_timeout_s))
+
+
+def _playbook(a: argparse.Namespace) -> int:
+    from coordinator.deploy.hosts import DeployError
+    from coordinator.deploy.runner import Playbook, build_wheel, playbooks_dir
+
+    inventory, secrets = _files(a)
     extra: dict = {}
     if a.deploy_cmd == "up":
         if a.package:
@@ -146,6 +188,8 @@ def run(a: argparse.Namespace) -> int:
     from coordinator.deploy.hosts import DeployError
 
     try:
-        return _inventory(a) if a.deploy_cmd == "inventory" else _playbook(a)
+        if a.deploy_cmd == "inventory":
+            return _inventory(a)
+        return _switch(a) if a.deploy_cmd == "switch" else _playbook(a)
     except DeployError as e:
         return _fail(str(e))

@@ -12,16 +12,15 @@ from collections.abc import Callable
 import redis
 
 from coordinator.launcher import LocalCluster
-from coordinator.protocol.keys import Keys
+from coordinator.oserve.registry_executor import RegistryExecutor
 
 
-class LocalExecutor:
+class LocalExecutor(RegistryExecutor):
     def __init__(self, cluster: LocalCluster, client: redis.Redis, drain_timeout_s: float = 30.0,
                  llm_extra: list[str] | None = None, clock: Callable[[], float] = time.monotonic,
                  encode_extra: list[str] | None = None) -> None:
+        super().__init__(client, cluster.spec.key_prefix)
         self.cluster = cluster
-        self.redis = client
-        self.keys = Keys(cluster.spec.key_prefix)
         self.drain_timeout_s = drain_timeout_s
         """A retired worker still running this long after its SIGTERM is killed (its requests re-run)."""
         self.llm_extra = llm_extra or []
@@ -34,21 +33,10 @@ class LocalExecutor:
     def names(self) -> set[str]:
         return set(self.cluster.procs) | set(self.retiring)
 
-    def hold(self, worker_ids: list[str]) -> None:
-        if worker_ids:
-            self.redis.sadd(self.keys.warming, *worker_ids)
-
-    def release(self, worker_ids: list[str]) -> None:
-        if worker_ids:
-            self.redis.srem(self.keys.warming, *worker_ids)
-
     def start(self, worker_id: str, role: str, colocated_with: str | None) -> None:
         module = "encode_node" if role == "encode" else "llm_node"
         self.cluster.add_worker(worker_id, module, role, colocated_with,
                                 self.llm_extra if module == "llm_node" else self.encode_extra)
-
-    def registered(self, worker_id: str) -> bool:
-        return bool(self.redis.exists(self.keys.worker(worker_id)))
 
     def stop(self, worker_id: str) -> None:
         self.retiring[worker_id] = (self.cluster.retire(worker_id), self.clock())

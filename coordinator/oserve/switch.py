@@ -14,8 +14,19 @@ a second, so supervision goes on meanwhile), with an injected clock:
 3. done (`done_at`), or failed: new workers that do not register within `start_timeout_s` are stopped and
    the old layout stays.
 
-`Executor` is what it drives: `LocalExecutor` (processes under `tierserve up`, local_executor.py); a host
-executor over deploy/ implements the same four calls.
+`Executor` is what it drives; both share the warming set and the registry check (registry_executor.py):
+
+- `LocalExecutor` (local_executor.py): processes under `tierserve up`'s supervisor; PUT /v1/admin/plan asks,
+  the supervisor loop's PlanControl applies.
+- `HostExecutor` (host_executor.py): hosts deployed by deploy/'s Ansible playbooks, driven by `tierserve deploy
+  switch NEW_PLAN.yaml -i INVENTORY` (coordinator/deploy/switch.py) through the same PlanControl. A new worker
+  goes to the least-loaded host of its group (or the host of the worker whose GPU it shares), its entry is
+  added to the inventory (written back atomically, so `tierserve deploy up` reproduces the layout) and
+  deploy/worker.yml starts that one service without waiting on it; `registered` is its playbook exited 0 and
+  the worker in the registry. `stop` runs worker.yml with state absent (SIGTERM, the worker drains; its
+  definition removed), and `stopped` is that run exited 0, after which its entry leaves the inventory. A failed
+  start never registers (the command then fails the switch at once, which stops the new workers); a failed stop
+  raises HostExecutorError, with the playbook log's tail.
 """
 
 from __future__ import annotations
