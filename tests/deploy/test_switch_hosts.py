@@ -43,7 +43,7 @@ from coordinator.deploy.inventory_file import InventoryFile
 from coordinator.planner.planfile import PlanFile
 from coordinator.protocol.keys import Keys
 
-pytestmark = [pytest.mark.slow, pytest.mark.multihost, pytest.mark.long]
+pytestmark = [pytest.mark.slow, pytest.mark.multihost, pytest.mark.long, pytest.mark.timeout(900)]  # ~200 s
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "swh"
 RATE = 1.0
