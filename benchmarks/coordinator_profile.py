@@ -25,8 +25,11 @@ from benchmarks.coordinator_capacity import warm
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.redis_server import free_port
 
-IDLE = re.compile(r"^(Condition\.wait|Queue\.get|_worker \(concurrent|select|epoll)")
-"""A thread parked on a lock or a queue (the thread pool between jobs): not CPU."""
+IDLE = re.compile(r"^(Condition\.wait|Queue\.get|_worker \(concurrent|select|epoll|\w*Selector\.select"
+                  r"|BaseSelectorEventLoop\._write_to_self)")
+"""A thread parked on a lock or a queue (the thread pool between jobs), in or just out of epoll, or back from
+waking the event loop and waiting for the GIL or its core: not its CPU. (Sampled with --gil, only the first two
+ever show; sampling every thread, the last three are most of a busy worker's non-CPU samples.)"""
 ROOT = re.compile(r"^(Runner\.run \(asyncio|Thread\.run \(threading)")
 """The frame every sample of the event loop (or of a pool thread) sits under; frames above it say nothing."""
 GROUPS: list[tuple[str, re.Pattern]] = [(name, re.compile(p)) for name, p in [
@@ -60,18 +63,38 @@ def load(path: Path) -> list[tuple[list[str], int]]:
     return out
 
 
-def breakdown(path: Path) -> dict[str, float]:
+def classify(frames: list[str], groups: list[tuple[str, re.Pattern]] = GROUPS, other: str = OTHER) -> str | None:
+    """The group of one sample: the first whose pattern one of its frames matches; None for an idle thread."""
+    if IDLE.match(frames[-1]):
+        return None
+    roots = [i for i, f in enumerate(frames) if ROOT.search(f)]
+    frames = (frames[roots[-1] + 1:] or frames[-1:]) if roots else frames  # the root alone: a loop in C (uvloop)
+    return next((g for g, rule in groups if any(rule.search(f) for f in frames)), other)
+
+
+def breakdown(path: Path, groups: list[tuple[str, re.Pattern]] = GROUPS, other: str = OTHER) -> dict[str, float]:
     """Share of the non-idle samples per group (fractions summing to 1), plus "samples"."""
     counts: dict[str, int] = {}
     for frames, n in load(path):
-        if IDLE.match(frames[-1]):
-            continue
-        roots = [i for i, f in enumerate(frames) if ROOT.search(f)]
-        frames = frames[roots[-1] + 1:] if roots else frames
-        name = next((g for g, rule in GROUPS if any(rule.search(f) for f in frames)), OTHER)
-        counts[name] = counts.get(name, 0) + n
+        name = classify(frames, groups, other)
+        if name is not None:
+            counts[name] = counts.get(name, 0) + n
     total = sum(counts.values()) or 1
-    return {name: counts.get(name, 0) / total for name, _ in [*GROUPS, (OTHER, None)]} | {"samples": total}
+    return {name: counts.get(name, 0) / total for name, _ in [*groups, (other, None)]} | {"samples": total}
+
+
+def py_spy() -> str:
+    """The py-spy binary: on the PATH, else beside this interpreter (`.venv/bin/pip install py-spy`)."""
+    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+
+
+def spy_record(pid: int, raw: Path, rate: int, gil: bool, seconds: float | None = None, threads: bool = False) -> list[str]:
+    """py-spy's command line recording `pid` (every thread; raw format; never pausing it) into `raw`;
+    without `seconds` it records until interrupted (SIGINT), then writes the file; with `threads` each sample's
+    first frame is "thread (TID): name", TID the native thread id."""
+    return [py_spy(), "record", "--pid", str(pid), "--rate", str(rate), *(["--gil"] if gil else []),
+            *(["--threads"] if threads else []),
+            *(["--duration", str(int(seconds))] if seconds else []), "--format", "raw", "--nonblocking", "-o", str(raw)]
 
 
 def markdown(after: dict[str, float], before: dict[str, float] | None) -> str:
@@ -88,7 +111,6 @@ def markdown(after: dict[str, float], before: dict[str, float] | None) -> str:
 
 def record(concurrency: int, seconds: float, raw: Path, max_tokens: int) -> dict:
     """Profile the coordinator of a fresh null-worker cluster under load; the load generator's results."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     spec = ClusterSpec(encode_workers=0, llm_roles=["combined"], port=free_port(), key_prefix="capacity-profile",
                        llm_args=["--engine", "null", "--max-num-seqs", "128"])
     with LocalCluster(spec, Path(tempfile.mkdtemp(prefix="profile-logs-"))) as cluster:
@@ -99,8 +121,7 @@ def record(concurrency: int, seconds: float, raw: Path, max_tokens: int) -> dict
         try:
             if gen.stdout.readline().strip() != "ready":
                 raise RuntimeError("the load generator did not start")
-            subprocess.run([spy, "record", "--pid", str(cluster.procs["coordinator"].pid), "--duration",
-                            str(int(seconds)), "--rate", "200", "--gil", "--format", "raw", "--nonblocking", "-o", str(raw)],
+            subprocess.run(spy_record(cluster.procs["coordinator"].pid, raw, 200, True, seconds),
                            check=True, capture_output=True, timeout=seconds + 60)
             gen.stdout.readline()
             result = json.loads(gen.stdout.readline())
