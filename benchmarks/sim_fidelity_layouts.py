@@ -212,7 +212,7 @@ def measured(meter: ForeignCPU, what: Callable[[], T], console: Console, label: 
     the kept result and the foreign CPU (cores) of every attempt, the kept one last."""
     attempts = []
     for i in range(RETRIES + 1):
-        quiet = meter.wait_quiet(QUIET_CORES, timeout_s=300)
+        quiet = meter.wait_quiet(QUIET_CORES, timeout_s=900)
         meter.start()
         out = what()
         attempts.append({"before": round(quiet, 3), "during": round(meter.cores(), 3)})
