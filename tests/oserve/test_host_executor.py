@@ -191,6 +191,7 @@ def test_switch_says_what_it_lacks(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # two ansible-playbook runs against an unreachable host: ~120 s
 @pytest.mark.redis
 def test_a_failing_worker_playbook_is_a_failed_start_with_its_log(tmp_path, redis_url):
     """A host Ansible cannot reach: the start's ansible-playbook exits non-zero, the worker never counts as
