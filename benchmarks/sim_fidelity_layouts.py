@@ -189,12 +189,25 @@ def loaded_records(saved: dict[str, list], requests: list[SimRequest]) -> list[R
                                             saved["output_tokens"], saved["error"])]
 
 
+def encoder_stats(url: str) -> dict[str, float]:
+    """The encode worker's policy counters from its last heartbeat (GET /v1/cluster)."""
+    workers = httpx.get(f"{url}/v1/cluster", timeout=10).json().get("workers", [])
+    return next((w.get("stats") or {} for w in workers if w["role"] == "encode"), {})
+
+
 def live_run(replayer: HttpReplayer, requests: list[SimRequest], slo: SLO, progress: Progress, label: str) -> dict:
     task = progress.add_task(label, total=len(requests))
     replayer.on_done = lambda _r: progress.advance(task)
     load_before = os.getloadavg()
+    before = encoder_stats(replayer.url)
     records, mean_batch = replayer.run(requests)
+    time.sleep(0.7)  # one heartbeat (0.5 s) carries the encode worker's counters
+    after = encoder_stats(replayer.url)
+    policy = {"stolen": int(after.get("stolen_total", 0) - before.get("stolen_total", 0))}
+    if "offload_realised" in after:
+        policy["offload_realised_last_100"] = round(after["offload_realised"], 3)
     return {"figures": figures(summarize_replay(records, slo, mean_batch)), "mean_encode_batch": round(mean_batch, 3),
+            "policy": policy,
             "ttft_stages": rounded(live_stages(records)), "failed": sum(not r.ok for r in records),
             "load_average": [[round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()]],
             "records": saved_records(records)}
@@ -336,6 +349,11 @@ def markdown(result: dict) -> str:
                   + "; ".join(f"{c['rate']:g} req/s: " + ", ".join(
                       f"{k} {c['live_ttft_stages'].get(k, math.nan) * 1e3:.1f}/{c['sim']['ttft_stages'].get(k, math.nan) * 1e3:.1f}"
                       for k in STAGES) for c in rep["cells"]), ""]
+        if any(c["sim"]["stolen"] or any(r.get("policy", {}).get("stolen") for r in c["live_runs"])
+               for c in rep["cells"]):
+            lines += ["Requests kept by work stealing, live runs / sim: " + "; ".join(
+                f"{c['rate']:g} req/s: {'+'.join(str(r.get('policy', {}).get('stolen', '?')) for r in c['live_runs'])}"
+                f" / {c['sim']['stolen']}" for c in rep["cells"]), ""]
         if rep.get("notes"):
             lines += [rep["notes"], ""]
     return "\n".join(lines) + "\n"
