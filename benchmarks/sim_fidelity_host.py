@@ -83,3 +83,55 @@ class ForeignCPU:
             seen = self.cores()
             if seen < below or time.monotonic() > deadline:
                 return seen
+
+
+class CoreSampler:
+    """Where processes run: a background thread reads every thread's state and last core
+    (/proc/PID/task/TID/stat) at `hz`, and counts, per process group and core, how many of them were
+    running or runnable. Mean count per sample = cores' worth of CPU that group wanted there."""
+
+    def __init__(self, groups: dict[str, list[int]], hz: float = 50.0) -> None:
+        import threading
+
+        self.groups = groups
+        self.period = 1.0 / hz
+        self.samples = 0
+        self.running: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CoreSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(self.period):
+            self.samples += 1
+            for group, pids in self.groups.items():
+                counts = self.running[group]
+                for pid in pids:
+                    try:
+                        tids = os.listdir(f"/proc/{pid}/task")
+                    except FileNotFoundError:
+                        continue
+                    for tid in tids:
+                        if pid == me and int(tid) == self._thread.native_id:
+                            continue  # the sampler itself
+                        try:
+                            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                                rest = f.read().rsplit(")", 1)[1].split()
+                        except (FileNotFoundError, ProcessLookupError):
+                            continue
+                        if rest[0] == "R":
+                            core = int(rest[36])
+                            counts[core] = counts.get(core, 0) + 1
+
+    def shares(self) -> dict[str, dict[int, float]]:
+        """Per group and core: mean running-or-runnable threads (about the CPU it used there, in cores)."""
+        n = max(self.samples, 1)
+        return {g: {core: round(c / n, 3) for core, c in sorted(counts.items())} for g, counts in self.running.items()}

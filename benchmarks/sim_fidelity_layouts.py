@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.sim_fidelity import rounded, workload
-from benchmarks.sim_fidelity_host import ForeignCPU
+from benchmarks.sim_fidelity_host import CoreSampler, ForeignCPU
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.planner.arch import get_arch
 from coordinator.planner.catalog import load_catalog
@@ -195,19 +195,23 @@ def encoder_stats(url: str) -> dict[str, float]:
     return next((w.get("stats") or {} for w in workers if w["role"] == "encode"), {})
 
 
-def live_run(replayer: HttpReplayer, requests: list[SimRequest], slo: SLO, progress: Progress, label: str) -> dict:
+def live_run(replayer: HttpReplayer, requests: list[SimRequest], slo: SLO, progress: Progress, label: str,
+             groups: dict[str, list[int]] | None = None) -> dict:
+    """One replay; `groups` (name -> pids) are sampled for where they ran (sim_fidelity_host.CoreSampler)."""
+    groups = groups or {}
     task = progress.add_task(label, total=len(requests))
     replayer.on_done = lambda _r: progress.advance(task)
     load_before = os.getloadavg()
     before = encoder_stats(replayer.url)
-    records, mean_batch = replayer.run(requests)
+    with CoreSampler(groups) as sampler:
+        records, mean_batch = replayer.run(requests)
     time.sleep(0.7)  # one heartbeat (0.5 s) carries the encode worker's counters
     after = encoder_stats(replayer.url)
     policy = {"stolen": int(after.get("stolen_total", 0) - before.get("stolen_total", 0))}
     if "offload_realised" in after:
         policy["offload_realised_last_100"] = round(after["offload_realised"], 3)
     return {"figures": figures(summarize_replay(records, slo, mean_batch)), "mean_encode_batch": round(mean_batch, 3),
-            "policy": policy,
+            "policy": policy, "cpu_by_core": sampler.shares(),
             "ttft_stages": rounded(live_stages(records)), "failed": sum(not r.ok for r in records),
             "load_average": [[round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()]],
             "records": saved_records(records)}
@@ -265,6 +269,9 @@ def run_layout(layout: Layout, rates: list[float], n: int, seed: int, repeats: i
         notes += nts
         tokens = p.encode["image"].tokens_per_item
         replayer = HttpReplayer(live.url)
+        groups = {name: [proc.pid] for name, proc in live.procs.items()}
+        groups["stack"] = [live.procs["coordinator"].pid] + ([live.redis.proc.pid] if live.redis else [])
+        groups["replayer"] = [os.getpid()]
         warm = workload(rates[len(rates) // 2], tokens).generate(20, seed=seed + 1000)
         live_run(replayer, warm, layout.slo, progress, f"{layout.name}: warm-up")
         cells = []
@@ -273,8 +280,8 @@ def run_layout(layout: Layout, rates: list[float], n: int, seed: int, repeats: i
             runs = []
             for i in range(2):
                 label = f"{layout.name} {rate:g} req/s run {i + 1}"
-                out, host = measured(meter, lambda: live_run(replayer, requests, layout.slo, progress, label),
-                                     console, label)
+                out, host = measured(meter, lambda: live_run(replayer, requests, layout.slo, progress, label,
+                                                             groups), console, label)
                 runs.append(out | host)
             p, nts = take(f"after {rate:g} req/s")
             profiles.append(p)
