@@ -86,52 +86,63 @@ class ForeignCPU:
 
 
 class CoreSampler:
-    """Where processes run: a background thread reads every thread's state and last core
-    (/proc/PID/task/TID/stat) at `hz`, and counts, per process group and core, how many of them were
-    running or runnable. Mean count per sample = cores' worth of CPU that group wanted there."""
+    """Where processes ran: a background thread reads every thread's CPU time and last core
+    (/proc/PID/task/TID/stat) at `hz` and charges the CPU time each thread used since the previous
+    sample to the core it is on now. Pinned workers stay on their core, so theirs is exact; a
+    floating process that moves between samples is charged approximately."""
 
     def __init__(self, groups: dict[str, list[int]], hz: float = 50.0) -> None:
         import threading
 
         self.groups = groups
         self.period = 1.0 / hz
-        self.samples = 0
-        self.running: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self.cpu: dict[str, dict[int, float]] = {g: {} for g in groups}
+        self._last: dict[tuple[int, str], float] = {}
+        self._wall = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self) -> CoreSampler:
+        self._t0 = time.monotonic()
+        self._sample(charge=False)
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._sample()
+        self._wall = time.monotonic() - self._t0
 
     def _loop(self) -> None:
-        me = os.getpid()
         while not self._stop.wait(self.period):
-            self.samples += 1
-            for group, pids in self.groups.items():
-                counts = self.running[group]
-                for pid in pids:
+            self._sample()
+
+    def _sample(self, charge: bool = True) -> None:
+        me = os.getpid()
+        for group, pids in self.groups.items():
+            used = self.cpu[group]
+            for pid in pids:
+                try:
+                    tids = os.listdir(f"/proc/{pid}/task")
+                except FileNotFoundError:
+                    continue
+                for tid in tids:
+                    if pid == me and int(tid) == self._thread.native_id:
+                        continue  # the sampler's own reading of /proc is not the replayer's work
                     try:
-                        tids = os.listdir(f"/proc/{pid}/task")
-                    except FileNotFoundError:
+                        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                            rest = f.read().rsplit(")", 1)[1].split()
+                    except (FileNotFoundError, ProcessLookupError):
                         continue
-                    for tid in tids:
-                        if pid == me and int(tid) == self._thread.native_id:
-                            continue  # the sampler itself
-                        try:
-                            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                                rest = f.read().rsplit(")", 1)[1].split()
-                        except (FileNotFoundError, ProcessLookupError):
-                            continue
-                        if rest[0] == "R":
-                            core = int(rest[36])
-                            counts[core] = counts.get(core, 0) + 1
+                    total = (int(rest[11]) + int(rest[12])) / TICK
+                    before = self._last.get((pid, tid))
+                    self._last[(pid, tid)] = total
+                    if charge and before is not None and total > before:
+                        core = int(rest[36])
+                        used[core] = used.get(core, 0.0) + total - before
 
     def shares(self) -> dict[str, dict[int, float]]:
-        """Per group and core: mean running-or-runnable threads (about the CPU it used there, in cores)."""
-        n = max(self.samples, 1)
-        return {g: {core: round(c / n, 3) for core, c in sorted(counts.items())} for g, counts in self.running.items()}
+        """Per group and core: the CPU it used there over the sampled wall time, in cores."""
+        wall = max(self._wall, 1e-6)
+        return {g: {core: round(c / wall, 3) for core, c in sorted(used.items())} for g, used in self.cpu.items()}

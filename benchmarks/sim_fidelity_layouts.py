@@ -66,6 +66,9 @@ METRICS = {"goodput_rps": "goodput", "ttft_p50_s": "P50 TTFT", "tpot_mean_s": "m
 T = TypeVar("T")
 ENGINE = EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096, pad_to_longest=True)
 """llm_node's defaults on this model (--max-num-seqs 32, budget max(4096, context)); its engine pads."""
+LOAD_REPORT_S = 0.5
+"""Live workers report their load with each heartbeat (coordinator/protocol/registry.py: every TTL / 4 =
+0.5 s), and the encode worker routes and steals on those reports."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest]) -> Si
     arch = get_arch(profile.model)
     perf = PerfModel(load_catalog(), arch, [profile], overheads=True, host_contention="encode_core")
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
-                    embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores)
+                    embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
+                    load_report_s=LOAD_REPORT_S)
     return sim.run(requests)
 
 

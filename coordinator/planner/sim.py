@@ -29,6 +29,9 @@ Modelling choices (and limits):
 - `shared_cores`: nodes whose workers time-slice one processor (a local CPU cluster with more workers
   than cores): k of them computing at once each run at 1/k (sim_gpu.SharedCore). Such nodes step
   one job at a time through the core, without coasting.
+- `load_report_s`: LLM workers report their load with each heartbeat (every 0.5 s live: the registry's
+  interval), so the encode worker routes and steals on loads up to that old; > 0 makes every
+  P / P+D / D node's load, as routing and WorkStealing see it, a snapshot taken that often. 0: exact.
 - Token streaming to the client is free: the first token counts when its prefill step ends, plus the
   service's `request_latency_s()` when it has one (PerfModel: the coordinator's measured hops, a
   constant per request, so it shifts TTFT and finish times without changing any queue).
@@ -96,9 +99,11 @@ class Cluster:
 
     def __init__(self, deployment: Deployment, service: ServiceTimes, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int, coast: bool,
-                 shared_cores: Sequence[Collection[str]] = ()) -> None:
+                 shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0) -> None:
         self.deployment = deployment
         self.coast = coast
+        self.load_report_s = load_report_s
+        """How often LLM nodes report their load (Simulator.load_report_s); 0: routing sees it exactly."""
         """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
         self.service = service
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -148,11 +153,23 @@ class Cluster:
             lanes.update({n: core.lane(n) for n in group})
         return lanes
 
+    def load_of(self, node: EncodeNode | LLMNode) -> int:
+        """A node's load as routing sees it: an LLM node's last report when loads are reported."""
+        return node.reported_load if self.load_report_s and isinstance(node, LLMNode) else node.load
+
+    def report_loads(self, _: object = None) -> None:
+        """A heartbeat of every LLM node; the next one while anything else is still to happen."""
+        for n in self.remote_prefill + self.decoders:
+            n.reported_load = n.load
+        if self.events.next_time() < float("inf"):
+            self.events.at(self.events.now + self.load_report_s, self.report_loads)
+
     def least_loaded(self, nodes: list) -> object:
         """Lowest load; ties rotate so equal nodes share the traffic (coordinator least_loaded)."""
         self._rr += 1
-        low = min(n.load for n in nodes)
-        ties = [n for n in nodes if n.load == low]
+        loads = [self.load_of(n) for n in nodes]
+        low = min(loads)
+        ties = [n for n, load in zip(nodes, loads) if load == low]
         return ties[self._rr % len(ties)]
 
     def encode_s(self, tier: str, batch: list[Flight]) -> float:
@@ -169,10 +186,10 @@ class Cluster:
                    for m, (items, tokens) in groups.items())
 
     def remote_loads(self) -> list[int]:
-        return [n.load for n in self.remote_prefill]
+        return [self.load_of(n) for n in self.remote_prefill]
 
     def min_remote_load(self) -> int | None:
-        return min((n.load for n in self.remote_prefill), default=None)
+        return min(self.remote_loads(), default=None)
 
     def send_to_prefill(self, f: Flight, src: EncodeNode, now: float) -> None:
         dst = self.least_loaded(self.remote_prefill)
@@ -196,7 +213,9 @@ class Simulator:
 
     def __init__(self, deployment: Deployment, service: ServiceTimes, *, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True,
-                 shared_cores: Sequence[Collection[str]] = ()) -> None:
+                 shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0) -> None:
+        if load_report_s < 0:
+            raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
                             ("embedding_bytes_per_token", embedding_bytes_per_token), ("default_tpcs", default_tpcs)):
             if value < 1:
@@ -214,6 +233,8 @@ class Simulator:
         queue, which gives the same results (up to the order of simultaneous events) more slowly."""
         self.shared_cores = [frozenset(g) for g in shared_cores]
         """Groups of node names whose workers time-slice one core (module docstring); [] for none."""
+        self.load_report_s = load_report_s
+        """Seconds between LLM nodes' load reports, as routing and stealing see them (module docstring); 0: exact."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -229,7 +250,7 @@ class Simulator:
             rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
-                          self.default_tpcs, self.coast, self.shared_cores)
+                          self.default_tpcs, self.coast, self.shared_cores, self.load_report_s)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
 
@@ -240,6 +261,8 @@ class Simulator:
 
         if flights:
             events.at(flights[0].record.request.arrival, arrive, 0)
+            if self.load_report_s:
+                events.at(flights[0].record.request.arrival, cluster.report_loads)
         events.run()
         latency = getattr(service, "request_latency_s", None)  # optional: ServiceTimes need not have it
         shift = latency() if latency is not None else 0.0

@@ -141,6 +141,8 @@ class LLMNode:
         """Not on a shared core: a coast's step ends are fixed when it starts, a shared core's are not."""
         self.incoming = 0
         """Requests routed here whose transfer has not landed yet."""
+        self.reported_load = 0
+        """`load` at its last heartbeat (Simulator.load_report_s)."""
         self._busy = False
 
     @property

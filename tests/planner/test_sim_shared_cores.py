@@ -124,3 +124,29 @@ def test_the_e_plus_p_gpu_still_splits_as_before():
     events.run()
     assert done == pytest.approx({"encode": 1.0, "prefill": 1.5})
     assert usage.busy_s == pytest.approx(1.5)
+
+
+# --- loads as heartbeats report them (Simulator(load_report_s=...)) --------------------------------
+
+def steal_run(load_report_s: float):
+    table = Table(encode=0.010, transfer=0.001, prefill=0.020, decode=0.005)
+    knobs = {"stealing": {"enabled": True, "remote_load_threshold": 1}}
+    sim = Simulator(Deployment.parse("E@cpu, P+D@cpu", **knobs), table, kv_bytes_per_token=1000,
+                    embedding_bytes_per_token=100, load_report_s=load_report_s)
+    return sim.run([request(0, 0.1, out=100), request(1, 0.15, out=3)])
+
+
+def test_stealing_sees_the_remote_load_as_of_its_last_heartbeat():
+    exact = steal_run(0.0).records
+    assert not exact[0].stolen and exact[1].stolen  # request 0 is on the remote worker when 1 is encoded
+    stale = steal_run(0.5).records
+    # the remote worker last reported at 0.1 s, before request 0 reached it: load 0, below the threshold
+    assert not stale[0].stolen and not stale[1].stolen
+    assert all(r.finish > r.first_token for r in stale)
+
+
+def test_load_reports_stop_with_the_run():
+    result = steal_run(0.05)
+    assert result.events < 400  # the heartbeat does not keep an empty run alive
+    with pytest.raises(ValueError, match="load_report_s"):
+        Simulator(Deployment.parse(EPD), Table(), kv_bytes_per_token=1, embedding_bytes_per_token=1, load_report_s=-1)
