@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from typing import Self
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -97,12 +98,12 @@ class CoreSampler:
         self.groups = groups
         self.period = 1.0 / hz
         self.cpu: dict[str, dict[int, float]] = {g: {} for g in groups}
-        self._last: dict[tuple[int, str], float] = {}
+        self._last: dict[tuple[str, int, str], float] = {}
         self._wall = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> CoreSampler:
+    def __enter__(self) -> Self:
         self._t0 = time.monotonic()
         self._sample(charge=False)
         self._thread.start()
@@ -136,8 +137,8 @@ class CoreSampler:
                     except (FileNotFoundError, ProcessLookupError):
                         continue
                     total = (int(rest[11]) + int(rest[12])) / TICK
-                    before = self._last.get((pid, tid))
-                    self._last[(pid, tid)] = total
+                    before = self._last.get((group, pid, tid))
+                    self._last[(group, pid, tid)] = total
                     if charge and before is not None and total > before:
                         core = int(rest[36])
                         used[core] = used.get(core, 0.0) + total - before

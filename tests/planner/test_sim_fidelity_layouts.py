@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.sim_fidelity import workload
-from benchmarks.sim_fidelity_layouts import LAYOUTS, judge, markdown, simulate
+from benchmarks.sim_fidelity_layouts import LAYOUTS, judge, simulate
+from benchmarks.sim_fidelity_report import markdown
 from coordinator.planner.profile import Profile, pool_profiles
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,84 @@
+"""The markdown report of `sim_fidelity --layouts` (sim_fidelity_layouts.py): per layout and rate, the
+live mean, the simulation, its error and the live noise floor on goodput, P50 TTFT and mean TPOT, plus
+attainment, how wide the latency distributions are, and what each layout's policy did."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks.sim_fidelity_layouts import METRICS, SPREAD
+from coordinator.planner.ttft_stages import STAGES
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Simulator fidelity on more layouts", "",
+             (f"Command: `{result['command']}` ({result['date']}); {result['requests_per_rate']} requests per rate, "
+              f"seed {result['seed']}; {result['machine']}.")]
+    if result.get("resimulated"):
+        lines += ["", (f"Re-judged and re-simulated offline: `{result['resimulated']['command']}` "
+                       f"({result['resimulated']['date']}).")]
+    lines += ["", ("Error = (sim - mean of the two live runs) / that mean; noise = |run 1 - run 2| / mean. Simulated "
+                   "on each rate's own bracketing profiles (encode_core reading); target |error| <= 10 %. Cells in "
+                   "**bold** miss it."), ""]
+    lines += result.get("findings", [])
+    for rep in result["layouts"]:
+        lines += layout_section(rep)
+    return "\n".join(lines) + "\n"
+
+
+def layout_section(rep: dict) -> list[str]:
+    slo = rep["slo"]
+    cores = f", shared cores {rep['shared_cores_simulated']}" if rep["shared_cores_simulated"] else ""
+    lines = ["", f"## {rep['layout']}: {rep['about']}", "",
+             (f"Simulated as `{rep['deployment_simulated']}`, knobs `{rep['knobs']}`{cores}. "
+              f"SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms."), "",
+             ("| rate req/s | goodput/s live / sim (err, noise) | P50 TTFT ms live / sim (err, noise) | "
+              "mean TPOT ms live / sim (err, noise) | attainment live / sim | load avg (others' CPU, cores) per run |"),
+             "| --- | --- | --- | --- | --- | --- |"]
+    for c in rep["cells"]:
+        live, sim, err, noise = c["live_mean"], c["sim"], c["error"], c["noise_floor"]
+
+        loads = "; ".join(f"{r['load_average'][0][0]:.2f}-{r['load_average'][1][0]:.2f}"
+                          + (f" ({r['foreign_cpu_cores']:.2f})" if "foreign_cpu_cores" in r else "")
+                          for r in c["live_runs"])
+        cols = [_cell(live, sim, err, noise, k, scale, fmt)
+                for k, scale, fmt in (("goodput_rps", 1, ".2f"), ("ttft_p50_s", 1e3, ".1f"), ("tpot_mean_s", 1e3, ".2f"))]
+        lines.append(f"| {c['rate']:g} | {' | '.join(cols)} | {live['slo_attainment']:.0%} / "
+                     f"{sim['slo_attainment']:.0%} | {loads} |")
+    if all("live_spread" in c for c in rep["cells"]):
+        q = "/".join(f"p{x}" for x in SPREAD)
+        lines += ["", f"Spread, ms ({q}), live / sim: " + "; ".join(
+            f"{c['rate']:g} req/s TTFT {_ms(c['live_spread']['ttft'])} / {_ms(c['sim']['spread']['ttft'])}, "
+            f"TPOT {_ms(c['live_spread']['tpot'], 1)} / {_ms(c['sim']['spread']['tpot'], 1)}" for c in rep["cells"])]
+    lines += ["", "Mean TTFT by stage, ms, live / sim: " + "; ".join(
+        f"{c['rate']:g} req/s: " + ", ".join(
+            f"{k} {c['live_ttft_stages'].get(k, math.nan) * 1e3:.1f}/{c['sim']['ttft_stages'].get(k, math.nan) * 1e3:.1f}"
+            for k in STAGES) for c in rep["cells"])]
+    if any(c["sim"]["stolen"] for c in rep["cells"]):
+        lines += ["", "Requests kept by work stealing, live runs / sim: " + "; ".join(
+            f"{c['rate']:g} req/s: {'+'.join(str(r.get('policy', {}).get('stolen', '?')) for r in c['live_runs'])}"
+            f" / {c['sim']['stolen']}" for c in rep["cells"])]
+    if any(c["live_mean"].get("mean_encode_batch") for c in rep["cells"]) and rep["knobs"]["batch"]["name"] != "pass_through":
+        lines += ["", "Mean encode micro-batch, live / sim: " + "; ".join(
+            f"{c['rate']:g} req/s: {c['live_mean']['mean_encode_batch']:.3f} / {c['sim']['mean_encode_batch']:.3f}"
+            for c in rep["cells"])]
+    pooled = "; ".join(f"{c['rate']:g} req/s " + ", ".join(_pct(c["error_pooled"][k]) for k in METRICS)
+                       for c in rep["cells"])
+    lines += ["", f"Errors with all of this layout's profiles pooled (goodput, P50 TTFT, mean TPOT): {pooled}"]
+    if rep.get("notes"):
+        lines += ["", *rep["notes"]]
+    return lines
+
+
+def _cell(live: dict, sim: dict, err: dict, noise: dict, k: str, scale: float, fmt: str) -> str:
+    """live / sim (error, noise floor); bold where the error misses 10 %."""
+    text = f"{live[k] * scale:{fmt}} / {sim[k] * scale:{fmt}} ({_pct(err[k])}, {_pct(noise[k], sign=False)})"
+    return f"**{text}**" if err[k] is None or abs(err[k]) > 0.10 else text
+
+
+def _ms(xs: list[float], digits: int = 0) -> str:
+    return "/".join(f"{x * 1e3:.{digits}f}" for x in xs)
+
+
+def _pct(x: float | None, sign: bool = True) -> str:
+    return "n/a" if x is None else (f"{x:+.1%}" if sign else f"{x:.1%}")
