@@ -178,8 +178,18 @@ def cmd_up(a: argparse.Namespace, console: Console) -> int:
     spec = spec_from(a)
     policy = _planned(a, spec, console)
     cluster = LocalCluster(spec, Path(a.log_dir) if a.log_dir else None)
+    report = lambda msg: console.print(msg, style="yellow", markup=False)  # noqa: E731
+
+    def _interrupt(*_):  # SIGTERM while starting: stop what has started (start() does), as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     with console.status("starting redis, coordinator and workers..."):
-        cluster.start()
+        try:
+            cluster.start(report=report)
+        except KeyboardInterrupt:
+            console.print("stopped while starting.")
+            return 130
         if policy is not None:
             try:
                 from coordinator.protocol import envs
@@ -199,7 +209,7 @@ def cmd_up(a: argparse.Namespace, console: Console) -> int:
 
         control = attach(cluster, _plan_file(a), spec.secrets_env.get(envs.ADMIN_TOKEN), spec.drain_timeout_s)
         while not stop:
-            cluster.supervise(lambda msg: console.print(msg, style="yellow", markup=False))
+            cluster.supervise(report)
             try:
                 control.tick()
             except Exception as e:  # a Redis hiccup: the switch resumes at the next tick

@@ -20,7 +20,7 @@ from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 from coordinator.protocol.roles import LLM_ROLES
 from coordinator.protocol.worker_config import DEVICE_PATTERN, DTYPES
 from coordinator.redis_server import PrivateRedis
-from coordinator.supervisor import RestartPolicy, Supervisor
+from coordinator.supervisor import RestartPolicy, Supervisor, exit_cause
 
 
 
@@ -158,15 +158,17 @@ class LocalCluster:
             self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env,
                                                 preexec_fn=pin)
 
-    def start(self, timeout_s: float = 120.0) -> "LocalCluster":
+    def start(self, timeout_s: float = 120.0, report=print) -> "LocalCluster":
+        """Start everything and wait until the coordinator reports every worker; `report` says what
+        supervision did meanwhile (a process killed while starting is restarted, as it is later)."""
         try:
-            self._start(timeout_s)
+            self._start(timeout_s, report)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start(self, timeout_s: float) -> None:
+    def _start(self, timeout_s: float, report) -> None:
         s = self.spec
         if not self.redis_url:
             self.redis = PrivateRedis().start()
@@ -191,15 +193,19 @@ class LocalCluster:
         self._spawn("coordinator", ["-m", "coordinator.serve", "--key-prefix",
                                     s.key_prefix, "--model", str(s.model_dir), "--model-name", s.model_name, "--host", s.host, "--port",
                                     str(s.port), *s.coordinator_args])
-        self.wait_ready(s.encode_workers + colocated + len(s.llm_roles), timeout_s)
+        self.wait_ready(s.encode_workers + colocated + len(s.llm_roles), timeout_s, report)
 
-    def wait_ready(self, n_workers: int, timeout_s: float) -> None:
+    def wait_ready(self, n_workers: int, timeout_s: float, report=print) -> None:
+        """A process that exits on its own while starting (a bad flag, a model that does not load) fails the
+        start with its log; one killed by a signal (kill -9, the OOM killer) is restarted like any later death."""
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
         while time.monotonic() < deadline:
             for name, p in self.procs.items():
-                if p.poll() is not None:
-                    raise ClusterError(f"{name} exited with code {p.returncode}:\n{self.tail(name)}")
+                if p.poll() is not None and (p.returncode >= 0 or self.supervisor.given_up(name)):
+                    raise ClusterError(f"{name} exited while starting ({exit_cause(p.returncode)}):\n"
+                                       f"{self.tail(name)}")
+            self.supervise(report)
             try:
                 r = httpx.get(f"{self.url}/health", timeout=1.0)
                 body = r.json()

@@ -78,6 +78,10 @@ class Supervisor:
         rec = self._records.get(name)
         return rec is not None and (rec.due_at is not None or rec.given_up)
 
+    def given_up(self, name: str) -> bool:
+        rec = self._records.get(name)
+        return rec is not None and rec.given_up
+
     def restarts(self, name: str) -> int:
         rec = self._records.get(name)
         return len(rec.restarts) if rec else 0

@@ -91,7 +91,7 @@ def test_up_gives_every_worker_it_starts_a_drain_timeout(tmp_path):
     cluster = LocalCluster(spec, tmp_path)
     spawned = []
     cluster._spawn = lambda name, argv, device=None: spawned.append((name, argv))  # record instead of starting
-    cluster.wait_ready = lambda n, t: None
+    cluster.wait_ready = lambda n, t, report=None: None
     cluster.start()
     workers = [(n, argv) for n, argv in spawned if n != "coordinator"]
     assert {n for n, _ in workers} == {"encode-0", "llm-0-prefill", "llm-1-decode"}
