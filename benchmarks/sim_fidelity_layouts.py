@@ -80,6 +80,11 @@ class Layout:
     steal: bool = False
     shared_cores: tuple[frozenset[str], ...] = ()
     """Simulated nodes whose live workers share a core."""
+    stack_core: str | None = "0-E-cpu"
+    """The simulated node whose core the coordinator's hops and CPU run on (Simulator(stack_core=...),
+    sim_stack.py): the encode worker's, where the live samples put most of the stack's CPU. None: the
+    hops are delays and the stack's CPU stretches the encoder (PerfModel host_contention="encode_core"),
+    for an E+P node, whose core is shared by its own two workers already."""
     pins: tuple[tuple[str, int], ...] = ()
     """Live processes moved to another core after start (process name, core index), where the
     launcher's slot-modulo placement would stack three workers on one core."""
@@ -111,7 +116,7 @@ LAYOUTS = {l.name: l for l in (
            "E+P@cpu, P+D@cpu, D@cpu",
            {"batch": {"name": "pass_through"}, "offload": {"s": 0.5}, "partition": {"mode": "none"}},
            llm_roles=("combined", "decode"), local_prefill=True, shared_cores=(frozenset({"1-P+D-cpu", "2-D-cpu"}),),
-           pins=(("llm-1-decode", 1),), rates=(2.5, 5.0, 7.5), slo=SLO(ttft_s=0.1, tpot_s=0.012)),
+           stack_core=None, pins=(("llm-1-decode", 1),), rates=(2.5, 5.0, 7.5), slo=SLO(ttft_s=0.1, tpot_s=0.012)),
     Layout("stealing", "encode + stealing combined worker on core 0, combined on core 1, stealing on",
            "E@cpu, P+D@cpu", {"batch": {"name": "pass_through"}, "stealing": {"enabled": True}}, steal=True,
            rates=(3.0, 6.0, 9.0), slo=SLO(ttft_s=0.08, tpot_s=0.0085)),
@@ -123,12 +128,16 @@ LAYOUTS = {l.name: l for l in (
 
 # --- simulation -----------------------------------------------------------------------------------
 
-def simulate(layout: Layout, profile: Profile, requests: list[SimRequest]) -> SimResult:
+def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None) -> SimResult:
+    """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
+    measure it (PerfModel.hop_in_share)."""
     arch = get_arch(profile.model)
-    perf = PerfModel(load_catalog(), arch, [profile], overheads=True, host_contention="encode_core")
+    contention = "none" if layout.stack_core else "encode_core"  # on a stack core the lanes charge the CPU
+    perf = PerfModel(load_catalog(), arch, [profile], overheads=True, host_contention=contention,
+                     hop_in_share=hop_in_share)
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
-                    load_report_s=LOAD_REPORT_S)
+                    load_report_s=LOAD_REPORT_S, stack_core=layout.stack_core)
     return sim.run(requests)
 
 
@@ -144,8 +153,9 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
     return {k: round((value[k] - ref[k]) / ref[k], 4) if ref[k] else None for k in METRICS}
 
 
-def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO) -> dict:
-    result = simulate(layout, profile, requests)
+def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
+             hop_in_share: float | None = None) -> dict:
+    result = simulate(layout, profile, requests, hop_in_share)
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
     return figures(result.summary(slo)) | {"ttft_stages": rounded(sim_stages(result.records)),
@@ -187,6 +197,8 @@ def judge(report: dict, requests: int, seed: int) -> None:
     layout = LAYOUTS[report["layout"]]
     slo = SLO.model_validate(report["slo"])
     pooled = pool_profiles([Profile.model_validate(p) for p in report["profiles"]])
+    share = report["hop_in_share"] = hop_in_share(report)
+    report["stack_core_simulated"] = layout.stack_core
     for cell in report["cells"]:
         profile = Profile.model_validate(cell["profile"])
         reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(requests, seed=seed)
@@ -203,11 +215,24 @@ def judge(report: dict, requests: int, seed: int) -> None:
                                     if stages else {})
         ok = [r for run in cell["live_runs"] for r in loaded_records(run["records"], reqs) if r.ok]
         cell["live_spread"] = spread([r.ttft for r in ok], [r.tpot for r in ok])
-        cell["sim"] = sim_cell(layout, profile, reqs, slo)
+        cell["sim"] = sim_cell(layout, profile, reqs, slo, share)
         cell["error"] = relative(cell["sim"], cell["live_mean"])
-        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo)
+        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share)
         cell["error_pooled"] = relative(cell["sim_pooled"], cell["live_mean"])
         cell["within_10pct"] = all(e is not None and abs(e) <= 0.10 for e in cell["error"].values())
+
+
+def hop_in_share(report: dict) -> float | None:
+    """The way in's share of the hops outside the workers, from the lowest rate's live per-hop marks
+    (to_encode / (to_encode + to_client), means over both runs): for profiles taken before they measured
+    request_in_s themselves. Only the split comes from there; the hops' size is the profile's. None when
+    the runs carry no marks."""
+    cell = min(report["cells"], key=lambda c: c["rate"])
+    stages = [run["ttft_stages"] for run in cell["live_runs"] if run.get("ttft_stages")]
+    if not stages:
+        return None
+    way_in = sum(s["to_encode"] for s in stages)
+    return round(way_in / (way_in + sum(s["to_client"] for s in stages)), 4)
 
 
 def run(names: list[str], rates: list[float] | None, n: int, seed: int, repeats: int, out: Path, command: str,

@@ -18,8 +18,14 @@ def markdown(result: dict) -> str:
         lines += ["", (f"Re-judged and re-simulated offline: `{result['resimulated']['command']}` "
                        f"({result['resimulated']['date']}).")]
     lines += ["", ("Error = (sim - mean of the two live runs) / that mean; noise = |run 1 - run 2| / mean. Simulated "
-                   "on each rate's own bracketing profiles (encode_core reading); target |error| <= 10 %. Cells in "
-                   "**bold** miss it."), ""]
+                   "on each rate's own bracketing profiles; target |error| <= 10 %. Cells in **bold** miss it. "
+                   "The coordinator's hops are simulated explicitly (sim_stack.py): the way in delays the request's "
+                   "arrival at the encoder, the way out its first and last token; with a stack core they and the "
+                   "rest of the stack's measured CPU per request run on that node's core beside its worker, "
+                   "otherwise they are delays and the stack's CPU stretches the encoder (encode_core reading). "
+                   "The hops' size is the profile's request_latency_s; their in/out split is the layout's "
+                   "hop_in_share, from the lowest rate's live per-hop marks (these profiles predate request_in_s)."),
+          ""]
     lines += result.get("findings", [])
     for rep in result["layouts"]:
         lines += layout_section(rep)
@@ -30,7 +36,8 @@ def layout_section(rep: dict) -> list[str]:
     slo = rep["slo"]
     cores = f", shared cores {rep['shared_cores_simulated']}" if rep["shared_cores_simulated"] else ""
     lines = ["", f"## {rep['layout']}: {rep['about']}", "",
-             (f"Simulated as `{rep['deployment_simulated']}`, knobs `{rep['knobs']}`{cores}. "
+             (f"Simulated as `{rep['deployment_simulated']}`, knobs `{rep['knobs']}`{cores}, "
+              f"stack core {rep.get('stack_core_simulated')}, hop_in_share {rep.get('hop_in_share')}. "
               f"SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms."), "",
              ("| rate req/s | goodput/s live / sim (err, noise) | P50 TTFT ms live / sim (err, noise) | "
               "mean TPOT ms live / sim (err, noise) | attainment live / sim | load avg (others' CPU, cores) per run |"),

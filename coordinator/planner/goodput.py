@@ -58,11 +58,13 @@ class RequestRecord:
     prefill_start: float = math.nan
     """Start of the engine step that prefilled it."""
     first_token: float = math.nan
-    """End of that prefill step: the first token exists (streaming it is free)."""
+    """When the client has the first token: the end of that prefill step plus `to_client`."""
+    to_client: float = 0.0
+    """The first token's way out, worker -> coordinator -> client (sim_stack.py; 0: streamed for free)."""
     decode_node: str = ""
     """Where its last token was produced (the D node after a hand-off)."""
     finish: float = math.nan
-    """End of the step that produced its last token."""
+    """When the client has its last token: the end of the step that produced it plus its way out."""
 
     @property
     def ttft(self) -> float:

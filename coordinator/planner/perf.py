@@ -144,9 +144,15 @@ class PerfModel:
 
     def __init__(self, catalog: Catalog, arch: ModelArch, profiles: Mapping[str, Profile] | Iterable[Profile] = (),
                  roofline: RooflineConfig | None = None, network: NetworkConfig | None = None,
-                 overheads: bool = True, host_contention: bool | Contention = False) -> None:
+                 overheads: bool = True, host_contention: bool | Contention = False,
+                 hop_in_share: float | None = None) -> None:
         self.catalog = catalog
         self.use_overheads = overheads
+        if hop_in_share is not None and not 0.0 <= hop_in_share <= 1.0:
+            raise ValueError(f"hop_in_share must be within [0, 1], got hop_in_share={hop_in_share!r}")
+        self.hop_in_share = hop_in_share
+        """The way in's share of request_latency_s for profiles that did not measure request_in_s (measured
+        elsewhere, e.g. from a live run's per-hop marks); None: such a profile's latency is all way out."""
         """Apply the profiles' measured overheads; False reads their compute points alone."""
         self.contention: Contention = "uniform" if host_contention is True else (host_contention or "none")
         """How under_load lets the serving stack's CPU slow things down (Contention)."""
@@ -223,6 +229,29 @@ class PerfModel:
             return 0.0
         found = (p.overheads.request_latency_s for p in self.profiles.values() if p.overheads)
         return max(found, default=0.0) * self.stack_slowdown
+
+    def request_hops_s(self) -> tuple[float, float]:
+        """request_latency_s split into its way in (client -> the encode worker has the request) and its
+        way out (the first token -> the client), from the profile that set the latency: its measured
+        request_in_s, else `hop_in_share` of it, else all of it out."""
+        if not self.use_overheads:
+            return 0.0, 0.0
+        found = [p.overheads for p in self.profiles.values() if p.overheads]
+        if not found:
+            return 0.0, 0.0
+        o = max(found, key=lambda x: x.request_latency_s)
+        total = o.request_latency_s
+        way_in = (min(total, o.request_in_s) if o.request_in_s is not None
+                  else total * (self.hop_in_share or 0.0))
+        return way_in * self.stack_slowdown, (total - way_in) * self.stack_slowdown
+
+    def stack_cpu_s(self, output_tokens: int) -> float:
+        """CPU seconds the serving stack spends on one request of `output_tokens` tokens (its hops included):
+        the largest any profile measured; 0 without one or with overheads off."""
+        if not self.use_overheads:
+            return 0.0
+        return max((o.stack_cpu_request_s + o.stack_cpu_token_s * output_tokens
+                    for p in self.profiles.values() if (o := p.overheads) is not None), default=0.0)
 
     def stack_load(self, rate: float, output_tokens: float) -> float:
         """Share of the cores it contends for that the serving stack keeps busy at `rate` req/s of

@@ -115,6 +115,10 @@ class ProfileOverheads(BaseModel):
     """Latency every request pays outside any worker (HTTP, tokenization, media store, dispatch,
     relaying the first token to the client): an idle cluster's streaming TTFT minus the workers' busy
     time, for a request that goes on decoding (its first token is published while the next step runs)."""
+    request_in_s: float | None = Field(None, ge=0)
+    """Of request_latency_s, the way in: the coordinator received the request -> the encode worker dequeued
+    it (the twin's own marks). The rest is the way out (the first token -> the client) plus the request's
+    way to the coordinator, as ttft_stages cuts them. None: not measured (profiles before 2026-12-02)."""
     stack_cpu_request_s: float = Field(0.0, ge=0)
     """CPU seconds the serving stack outside the workers (coordinator, Redis, and the load generator
     when it runs on the same host) spends per streamed request, beyond its tokens."""
@@ -256,9 +260,11 @@ def pool_profiles(profiles: Iterable[Profile], source: str = "") -> Profile:
     overheads = None
     if all(p.overheads is not None for p in found):
         fields = ProfileOverheads.model_fields
+        ins = [p.overheads.request_in_s for p in found if p.overheads.request_in_s is not None]
         overheads = ProfileOverheads(**{name: med([getattr(p.overheads, name) for p in found]) for name in fields
-                                        if name != "shared_cores"},
-                                     shared_cores=max(p.overheads.shared_cores for p in found))
+                                        if name not in ("shared_cores", "request_in_s")},
+                                     shared_cores=max(p.overheads.shared_cores for p in found),
+                                     request_in_s=med(ins) if len(ins) == len(found) else None)
     return Profile(tier=first.tier, model=first.model, measured_at=max(p.measured_at for p in found),
                    source=source or f"median of {len(found)} profiles measured {', '.join(p.measured_at for p in found)}",
                    encode=encode, prefill=prefill, decode=decode, overheads=overheads)

@@ -168,11 +168,13 @@ def fit_overheads(enc: EncodeResult, pre: list[PrefillSample], dec: list[DecodeS
     enc_a, enc_b = fit_line([(b, median(xs)) for b, xs in _groups((e.batch, e.cycle_s - e.seconds) for e in enc.samples)])
     dec_a, dec_b = fit_line([(b, median(xs)) for b, xs in _groups((d.batch, d.cadence_s - d.step_s) for d in dec)])
     single = [e.latency_s for e in enc.samples if e.batch == 1] or [e.latency_s for e in enc.samples]
+    ways_in = [e.in_s for e in enc.samples if e.in_s is not None]
     return ProfileOverheads(
         encode_batch_s=enc_a, encode_request_s=enc_b, decode_step_s=dec_a, decode_seq_s=dec_b,
         prefill_step_s=max(0.0, median([p.overhead_s for p in pre])) if pre else 0.0,
         hop_s=max(0.0, median([e.hop_s for e in enc.samples])) if enc.samples else 0.0,
         request_latency_s=max(0.0, median(single)) if single else 0.0,
+        request_in_s=max(0.0, median(ways_in)) if ways_in else None,
         stack_cpu_request_s=stack[0] if stack else 0.0, stack_cpu_token_s=stack[1] if stack else 0.0,
         shared_cores=shared_cores() if stack else 0)
 

@@ -104,6 +104,8 @@ class EncodeSample:
     """Client time outside the workers' busy spans. At B = 1: the TTFT of a streaming twin that goes on
     decoding (its first token is published while the next step computes, as in service) minus the twin's
     own dequeued -> first token; otherwise the round trip minus that span."""
+    in_s: float | None = None
+    """At B = 1: the twin's coordinator received -> encode worker dequeued (the way in of latency_s)."""
 
 
 @dataclass(frozen=True)
@@ -199,11 +201,13 @@ async def encode_phase(client: httpx.AsyncClient, model: str, s: ProfileSettings
     return out
 
 
-def _encode_sample(b: int, answers: list[Answer], streamed: tuple[float, float | None] | None) -> EncodeSample:
+def _encode_sample(b: int, answers: list[Answer],
+                   streamed: tuple[float, float | None, float | None] | None) -> EncodeSample:
     first = answers[0]
     busy = median([a.span("encode_dequeued", "first_token") for a in answers])
+    way_in = None
     if streamed is not None:  # the twin's TTFT less its own busy span (another request's would add its noise)
-        ttft, twin_busy = streamed
+        ttft, twin_busy, way_in = streamed
         latency = ttft - (twin_busy if twin_busy is not None else busy)
     else:
         latency = median([a.client_s for a in answers]) - busy
@@ -211,12 +215,14 @@ def _encode_sample(b: int, answers: list[Answer], streamed: tuple[float, float |
         batch=b, seconds=first.compute["encode_s"],
         cycle_s=max(a.span("encode_dequeued", "embeddings_sent") for a in answers),
         hop_s=median([a.span("embeddings_sent", "admitted") for a in answers]),
-        latency_s=latency)
+        latency_s=latency, in_s=way_in)
 
 
-async def _streamed_ttft(client: httpx.AsyncClient, model: str, s: ProfileSettings) -> tuple[float, float | None]:
+async def _streamed_ttft(client: httpx.AsyncClient, model: str,
+                         s: ProfileSettings) -> tuple[float, float | None, float | None]:
     """A streaming request shaped like the encode probes, generating decode_output_tokens: its client TTFT,
-    and its own encode_dequeued -> first_token span from the usage chunk's marks (None when absent)."""
+    its own encode_dequeued -> first_token span and its way in (received -> encode_dequeued) from the
+    usage chunk's marks (None when absent)."""
     await asyncio.sleep(s.pause_s)
     n = s.decode_output_tokens
     record = ReplayRecord(SimRequest(0, 0.0, "image", 1, 1, s.encode_words, n))
@@ -225,7 +231,7 @@ async def _streamed_ttft(client: httpx.AsyncClient, model: str, s: ProfileSettin
         raise LiveClusterError(f"a streaming request failed while timing the request latency: {record.error}")
     m = record.marks
     busy = m["first_token"] - m["encode_dequeued"] if {"first_token", "encode_dequeued"} <= m.keys() else None
-    return record.ttft, busy
+    return record.ttft, busy, m.get("encode_dequeued")
 
 
 async def prefill_phase(client: httpx.AsyncClient, model: str, sizer: PromptSizer, s: ProfileSettings,

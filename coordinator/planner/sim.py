@@ -32,9 +32,11 @@ Modelling choices (and limits):
 - `load_report_s`: LLM workers report their load with each heartbeat (every 0.5 s live: the registry's
   interval), so the encode worker routes and steals on loads up to that old; > 0 makes every
   P / P+D / D node's load, as routing and WorkStealing see it, a snapshot taken that often. 0: exact.
-- Token streaming to the client is free: the first token counts when its prefill step ends, plus the
-  service's `request_latency_s()` when it has one (PerfModel: the coordinator's measured hops, a
-  constant per request, so it shifts TTFT and finish times without changing any queue).
+- The coordinator's hops (sim_stack.py): a request reaches its encode node after the stack's way in,
+  and the client has its first and last token after the way out (PerfModel.request_hops_s: a profile's
+  measured request latency, split). By default they are plain delays; `stack_core` names the node whose
+  core the coordinator shares (a one-host CPU cluster): its hops and the rest of its CPU per request then
+  run on that core beside the node's worker, slowing it and slowed by it.
 - A service with `under_load(rate, output_tokens)` (PerfModel) is asked for its view at the run's
   offered load (requests over their arrival span, mean output length): on a one-host CPU cluster the
   serving stack's own CPU work slows the workers sharing its cores.
@@ -53,6 +55,7 @@ from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
+from coordinator.planner.sim_stack import Stack
 from coordinator.planner.workload import SimRequest
 from coordinator.protocol.roles import LLM_ROLE_OF_NODE, STAGES_OF_NODE
 from coordinator.policies.offload import OffloadCounts, OffloadRouter
@@ -99,7 +102,8 @@ class Cluster:
 
     def __init__(self, deployment: Deployment, service: ServiceTimes, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int, coast: bool,
-                 shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0) -> None:
+                 shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
+                 stack_core: str | None = None) -> None:
         self.deployment = deployment
         self.coast = coast
         self.load_report_s = load_report_s
@@ -115,7 +119,8 @@ class Cluster:
         self.usage: list[NodeUsage] = []
         self._rr = 0
         ws_cfg = deployment.stealing
-        lanes = self._core_lanes(shared_cores)
+        lanes, stack_lanes = self._core_lanes(shared_cores, stack_core)
+        self.stack = Stack(self.events, service, stack_lanes)
         for name, node in zip(deployment.names, deployment.nodes):
             steals = node.role == "E" and ws_cfg.enabled
             stages = STAGES_OF_NODE[node.role] | ({"stolen"} if steals else set())
@@ -134,9 +139,11 @@ class Cluster:
         self.has_remote_prefill = bool(self.remote_prefill)
         self.saturation_load = deployment.offload.saturation_load
 
-    def _core_lanes(self, shared_cores: Sequence[Collection[str]]) -> dict[str, CoreLane]:
+    def _core_lanes(self, shared_cores: Sequence[Collection[str]], stack_core: str | None = None
+                    ) -> tuple[dict[str, CoreLane], tuple[CoreLane, CoreLane] | None]:
         """A lane on its core for every node named in `shared_cores` (E+P nodes excluded: their two
-        workers already share one processor, sim_gpu.SharedGPU)."""
+        workers already share one processor, sim_gpu.SharedGPU); and the stack's two lanes on
+        `stack_core`'s core (a core of its own with that node when no group names it)."""
         names, roles = self.deployment.names, dict(zip(self.deployment.names, (n.role for n in self.deployment.nodes)))
         lanes: dict[str, CoreLane] = {}
         for i, group in enumerate(shared_cores):
@@ -151,7 +158,17 @@ class Cluster:
                 raise ValueError(f"nodes {again} are on more than one shared core")
             core = SharedCore(self.events, f"core {i}")
             lanes.update({n: core.lane(n) for n in group})
-        return lanes
+        if stack_core is None:
+            return lanes, None
+        if stack_core not in names:
+            raise ValueError(f"stack_core {stack_core!r} is not a node of the deployment; its nodes: {names}")
+        if roles[stack_core] == "E+P":
+            raise ValueError(f"stack_core {stack_core!r} is an E+P node, whose processor is shared by its own two "
+                             f"workers already; put the stack on another node's core")
+        if stack_core not in lanes:
+            lanes[stack_core] = SharedCore(self.events, f"core of {stack_core}").lane(stack_core)
+        core = lanes[stack_core].core
+        return lanes, (core.lane("stack hops"), core.lane("stack"))
 
     def load_of(self, node: EncodeNode | LLMNode) -> int:
         """A node's load as routing sees it: an LLM node's last report when loads are reported."""
@@ -213,7 +230,8 @@ class Simulator:
 
     def __init__(self, deployment: Deployment, service: ServiceTimes, *, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True,
-                 shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0) -> None:
+                 shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
+                 stack_core: str | None = None) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -235,6 +253,8 @@ class Simulator:
         """Groups of node names whose workers time-slice one core (module docstring); [] for none."""
         self.load_report_s = load_report_s
         """Seconds between LLM nodes' load reports, as routing and stealing see them (module docstring); 0: exact."""
+        self.stack_core = stack_core
+        """The node whose core the coordinator's hops and CPU run on (sim_stack.py); None: hops are delays."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -250,12 +270,15 @@ class Simulator:
             rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
-                          self.default_tpcs, self.coast, self.shared_cores, self.load_report_s)
+                          self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_core)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
 
+        def at_encode(f: Flight) -> None:
+            cluster.least_loaded(cluster.encoders).arrive(f)
+
         def arrive(i: int) -> None:
-            cluster.least_loaded(cluster.encoders).arrive(flights[i])
+            cluster.stack.way_in(flights[i], at_encode)
             if i + 1 < len(flights):
                 events.at(flights[i + 1].record.request.arrival, arrive, i + 1)
 
@@ -264,12 +287,6 @@ class Simulator:
             if self.load_report_s:
                 events.at(flights[0].record.request.arrival, cluster.report_loads)
         events.run()
-        latency = getattr(service, "request_latency_s", None)  # optional: ServiceTimes need not have it
-        shift = latency() if latency is not None else 0.0
-        if shift:
-            for f in flights:
-                f.record.first_token += shift
-                f.record.finish += shift
         stats = [EncodeStats(e.name, e.router.counts, 0 if e.stealing is None else e.stealing.stolen_total,
                              0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
         return SimResult([f.record for f in flights], cluster.usage, stats, events.processed)

@@ -56,12 +56,15 @@ class Engine:
 
     def finish_step(self, plan: StepPlan, now: float) -> StepResult:
         out = self.model.complete(plan)
+        stack = self.cluster.stack
         for f in out.first_tokens:
             f.record.first_token = now
+            stack.first_token(f)
         for f in out.finished:
             f.record.finish = now
             if not f.record.decode_node:
                 f.record.decode_node = self.node
+            stack.finished(f)
         for f in out.handoffs:
             self.cluster.hand_off_kv(f, self.tier, self.host, now)
         return out

@@ -10,7 +10,7 @@ the simulator's RequestRecord times. The stages are cut at those shared events:
   to_first_token  encoder end -> the first token exists (transfer, admission, waiting for and running
                   the prefill step)
   to_client       the first token -> the client reads it, plus the request's way in before the
-                  coordinator's mark (live only; the simulator streams for free)
+                  coordinator's mark (simulated: the stack's way out, sim_stack.py)
 
 Means, so that the stages add up to the mean TTFT; one stage's error then is its share of the miss.
 """
@@ -49,6 +49,7 @@ def live_stages(records: Iterable[ReplayRecord]) -> dict[str, float]:
 
 def sim_stages(records: Iterable[RequestRecord]) -> dict[str, float]:
     """Mean seconds per stage over the simulated requests that got a first token."""
-    rows = [(r.encode_start - r.request.arrival, r.encode_end - r.encode_start, r.first_token - r.encode_end, 0.0)
+    rows = [(r.encode_start - r.request.arrival, r.encode_end - r.encode_start,
+             r.first_token - r.to_client - r.encode_end, r.to_client)
             for r in records if not math.isnan(r.first_token) and not math.isnan(r.encode_end)]
     return _means(rows)
