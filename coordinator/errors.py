@@ -21,3 +21,10 @@ class RequestError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, param={self.param!r}, status={self.status})"
+
+
+class MediaError(RequestError):
+    """A media part the coordinator will not accept; the message says what to send instead."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message, param, status=400)

@@ -8,10 +8,7 @@ as sent; the encode worker decodes them.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -19,14 +16,8 @@ from urllib.parse import unquote, urlparse
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.errors import RequestError
-
-
-class MediaError(RequestError):
-    """A media part the coordinator will not accept; the message says what to send instead."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message, param, status=400)
+from coordinator.data_url import decode_base64, mb, split_data_url
+from coordinator.errors import MediaError
 
 
 class MediaLimits(BaseModel):
@@ -74,53 +65,21 @@ class ImageInput:
     height: int
 
 
-_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)$", re.S)
-
-
-_SPACE = re.compile(r"\s")
-
-
-def _mb(n: float) -> str:
-    """Sizes in MB of 2**20 bytes, matching the 8 * 1024 * 1024 defaults of the CLI flags."""
-    return f"{n / 2**20:.3g} MB"
-
-
 def _expected(limits: MediaLimits) -> str:
     where = ", ".join(str(d) for d in limits.allowed_local_dirs)
     local = f"an absolute path under {where}" if where else "(local paths are disabled; see --allowed-local-media-dir)"
     return f"image_url must be a data URL like data:image/png;base64,... or {local}"
 
 
-def base64_decoded_size(b64: str) -> int:
-    """Bytes that `b64` decodes to, from its length alone (so oversized payloads are refused undecoded)."""
-    n = len(b64)
-    pad = 2 if b64.endswith("==") else 1 if b64.endswith("=") else 0
-    return n * 3 // 4 - pad
-
-
 def _too_big(size: int, limits: MediaLimits, param: str | None) -> MediaError:
-    return MediaError(f"image is {_mb(size)}; the limit is {_mb(limits.max_image_bytes)} (--max-image-bytes)", param)
+    return MediaError(f"image is {mb(size)}; the limit is {mb(limits.max_image_bytes)} (--max-image-bytes)", param)
 
 
 def _from_data_url(url: str, limits: MediaLimits, param: str | None) -> bytes:
-    m = _DATA_URL.match(url)
-    if m is None:
-        raise MediaError(f"{_expected(limits)} (a data URL must say ';base64,')", param)
-    mime = m["mime"] or ""
+    mime, b64 = split_data_url(url, param, _expected(limits))
     if not mime.startswith("image/"):
         raise MediaError(f"data URL media type is {mime or 'missing'!r}; send an image/* type", param)
-    b64 = m["data"]
-    if _SPACE.search(b64):  # line-wrapped base64 from some encoders
-        b64 = _SPACE.sub("", b64)
-    size = base64_decoded_size(b64)
-    if size > limits.max_image_bytes:
-        raise _too_big(size, limits, param)
-    if len(b64) % 4:
-        raise MediaError("image data is not valid base64 (its length is not a multiple of 4)", param)
-    try:
-        return base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise MediaError(f"image data is not valid base64 ({e})", param) from None
+    return decode_base64(b64, limits.max_image_bytes, "image", "--max-image-bytes", param)
 
 
 def _local_path(url: str, limits: MediaLimits, param: str | None) -> Path:

@@ -13,9 +13,10 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from coordinator import media
+from coordinator import data_url as data_url_module
+from coordinator.data_url import base64_decoded_size
 from coordinator.errors import RequestError
-from coordinator.media import MediaError, MediaLimits, base64_decoded_size, check_image_bytes, load_image
+from coordinator.media import MediaError, MediaLimits, check_image_bytes, load_image
 
 P = "messages[0].content[1].image_url.url"
 
@@ -67,6 +68,23 @@ def test_invalid_base64_characters():
     assert "not valid base64" in load_error("data:image/png;base64,AAA*").message
 
 
+@pytest.mark.parametrize("payload", ["AAA\u00e9", "QUFB\u00e9===", "QQ==QQ==", "QUFB=", "====", "QUFB\x00"])
+def test_what_strict_base64_refuses_is_a_400(payload):
+    """Non-ASCII, data after the padding, stray padding, NUL: refused with the reason, never decoded loosely."""
+    assert "not valid base64" in load_error(f"data:image/png;base64,{payload}").message
+
+
+def test_a_line_wrapped_payload_counts_unwrapped_against_the_limit():
+    raw = image_bytes()
+    wrapped = base64.encodebytes(raw).decode().replace("\n", "\n" * 40)  # 40x the newlines: "too big" until unwrapped
+    assert load_image(f"data:image/png;base64,{wrapped}", MediaLimits(max_image_bytes=len(raw))).data == raw
+
+
+def test_data_url_parameters_before_base64_are_allowed():
+    assert load_image(f"data:image/png;name=x.png;charset=binary;base64,{base64.b64encode(image_bytes()).decode()}",
+                      MediaLimits()).format == "PNG"
+
+
 def test_base64_with_bad_length():
     assert "not a multiple of 4" in load_error("data:image/png;base64,AAAAA").message
 
@@ -84,7 +102,7 @@ def test_size_limit_is_checked_before_decoding(monkeypatch):
     def no_decode(*a, **k):
         raise AssertionError("decoded an oversized payload")
 
-    monkeypatch.setattr(media.base64, "b64decode", no_decode)
+    monkeypatch.setattr(data_url_module.binascii, "a2b_base64", no_decode)
     err = load_error("data:image/png;base64," + "A" * 17_200_000)  # decodes to 12.9e6 bytes = 12.3 MB
     assert err.message == "image is 12.3 MB; the limit is 8 MB (--max-image-bytes)"
 
