@@ -63,6 +63,10 @@ ENGINE = EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096, pad_to_longe
 LOAD_REPORT_S = 0.5
 """Live workers report their load with each heartbeat (coordinator/protocol/registry.py: every TTL / 4 =
 0.5 s), and the encode worker routes and steals on those reports."""
+STACK_PLACEMENT = "idlest"
+"""Simulator(stack_placement=...): each stack job on the core with the fewest busy workers as it starts
+(the OS waking the floating coordinator on an idle core). "share" (each job split by the measured shares,
+stack_shares) was judged too (2026-12-02): fewer cells within 10 % (sim_fidelity_layouts.md)."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,10 @@ class Layout:
     steal: bool = False
     shared_cores: tuple[frozenset[str], ...] = ()
     """Simulated nodes whose live workers share a core."""
-    stack_core: str | None = "0-E-cpu"
-    """The simulated node whose core the coordinator's hops and CPU run on (Simulator(stack_core=...),
-    sim_stack.py): the encode worker's, where the live samples put most of the stack's CPU. None: the
-    hops are delays and the stack's CPU stretches the encoder (PerfModel host_contention="encode_core"),
-    for an E+P node, whose core is shared by its own two workers already."""
+    core_nodes: tuple[str, ...] = ("0-E-cpu", "1-P+D-cpu")
+    """A simulated node on each live core, in core order: the cores the coordinator (not pinned) floats
+    over, and where the stack's hops and CPU run in the simulation (Simulator(stack_cores=...),
+    sim_stack.py), in the proportion the live runs measured (stack_shares)."""
     pins: tuple[tuple[str, int], ...] = ()
     """Live processes moved to another core after start (process name, core index), where the
     launcher's slot-modulo placement would stack three workers on one core."""
@@ -110,13 +113,13 @@ LAYOUTS = {l.name: l for l in (
            {"batch": {"name": "pass_through"}}, rates=(3.0, 7.0, 11.0), slo=SLO(ttft_s=0.1, tpot_s=0.012)),
     Layout("epd", "encode + prefill on core 0, decode on core 1 (KV hand-off P -> D), pass-through",
            "E@cpu, D@cpu, P@cpu", {"batch": {"name": "pass_through"}}, llm_roles=("decode", "prefill"),
-           shared_cores=(frozenset({"0-E-cpu", "2-P-cpu"}),), rates=(3.0, 6.0, 9.0),
+           shared_cores=(frozenset({"0-E-cpu", "2-P-cpu"}),), core_nodes=("0-E-cpu", "1-D-cpu"), rates=(3.0, 6.0, 9.0),
            slo=SLO(ttft_s=0.085, tpot_s=0.0085)),
     Layout("colocated_prefill", "encode + co-located prefill (s = 0.5) on core 0, combined + decode on core 1",
            "E+P@cpu, P+D@cpu, D@cpu",
            {"batch": {"name": "pass_through"}, "offload": {"s": 0.5}, "partition": {"mode": "none"}},
            llm_roles=("combined", "decode"), local_prefill=True, shared_cores=(frozenset({"1-P+D-cpu", "2-D-cpu"}),),
-           stack_core=None, pins=(("llm-1-decode", 1),), rates=(2.5, 5.0, 7.5), slo=SLO(ttft_s=0.1, tpot_s=0.012)),
+           core_nodes=("0-E+P-cpu", "1-P+D-cpu"), pins=(("llm-1-decode", 1),), rates=(2.5, 5.0, 7.5), slo=SLO(ttft_s=0.1, tpot_s=0.012)),
     Layout("stealing", "encode + stealing combined worker on core 0, combined on core 1, stealing on",
            "E@cpu, P+D@cpu", {"batch": {"name": "pass_through"}, "stealing": {"enabled": True}}, steal=True,
            rates=(3.0, 6.0, 9.0), slo=SLO(ttft_s=0.08, tpot_s=0.0085)),
@@ -128,16 +131,21 @@ LAYOUTS = {l.name: l for l in (
 
 # --- simulation -----------------------------------------------------------------------------------
 
-def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None) -> SimResult:
+def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None,
+             stack_cores: dict[str, float] | None = None, placement: str | None = None) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
-    measure it (PerfModel.hop_in_share)."""
+    measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
+    (stack_shares), evenly over `layout.core_nodes` when not given."""
     arch = get_arch(profile.model)
-    contention = "none" if layout.stack_core else "encode_core"  # on a stack core the lanes charge the CPU
+    if stack_cores is None:
+        stack_cores = {n: 1.0 / len(layout.core_nodes) for n in layout.core_nodes}
+    contention = "none" if stack_cores else "encode_core"  # on stack cores the lanes charge the CPU
     perf = PerfModel(load_catalog(), arch, [profile], overheads=True, host_contention=contention,
                      hop_in_share=hop_in_share)
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
-                    load_report_s=LOAD_REPORT_S, stack_core=layout.stack_core)
+                    load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
+                    stack_placement=placement or STACK_PLACEMENT)
     return sim.run(requests)
 
 
@@ -154,12 +162,15 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 
 
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
-             hop_in_share: float | None = None) -> dict:
-    result = simulate(layout, profile, requests, hop_in_share)
+             hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None) -> dict:
+    result = simulate(layout, profile, requests, hop_in_share, stack_cores)
+    total = sum(result.stack_cpu_s.values())
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
     return figures(result.summary(slo)) | {"ttft_stages": rounded(sim_stages(result.records)),
                                            "stolen": stolen, "local_prefills": local,
+                                           "stack_cpu_share": {n: round(c / total, 3) for n, c in
+                                                               result.stack_cpu_s.items()} if total else {},
                                            "spread": spread([r.ttft for r in result.records],
                                                             [r.tpot for r in result.records])}
 
@@ -198,7 +209,8 @@ def judge(report: dict, requests: int, seed: int) -> None:
     slo = SLO.model_validate(report["slo"])
     pooled = pool_profiles([Profile.model_validate(p) for p in report["profiles"]])
     share = report["hop_in_share"] = hop_in_share(report)
-    report["stack_core_simulated"] = layout.stack_core
+    cores = report["stack_cores_simulated"] = stack_shares(report, layout)
+    report.pop("stack_core_simulated", None)
     for cell in report["cells"]:
         profile = Profile.model_validate(cell["profile"])
         reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(requests, seed=seed)
@@ -215,9 +227,9 @@ def judge(report: dict, requests: int, seed: int) -> None:
                                     if stages else {})
         ok = [r for run in cell["live_runs"] for r in loaded_records(run["records"], reqs) if r.ok]
         cell["live_spread"] = spread([r.ttft for r in ok], [r.tpot for r in ok])
-        cell["sim"] = sim_cell(layout, profile, reqs, slo, share)
+        cell["sim"] = sim_cell(layout, profile, reqs, slo, share, cores)
         cell["error"] = relative(cell["sim"], cell["live_mean"])
-        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share)
+        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores)
         cell["error_pooled"] = relative(cell["sim_pooled"], cell["live_mean"])
         cell["within_10pct"] = all(e is not None and abs(e) <= 0.10 for e in cell["error"].values())
 
@@ -233,6 +245,24 @@ def hop_in_share(report: dict) -> float | None:
         return None
     way_in = sum(s["to_encode"] for s in stages)
     return round(way_in / (way_in + sum(s["to_client"] for s in stages)), 4)
+
+
+def stack_shares(report: dict, layout: Layout) -> dict[str, float]:
+    """The stack's CPU per core (layout.core_nodes' order), as shares: summed over every live run of
+    the layout (all rates) and every process not pinned to one core (coordinator, Redis, the load
+    generator: live_affinity, cpu_by_core). Evenly over the cores when the runs did not sample them."""
+    pinned = {name for name, cores in report.get("live_affinity", {}).items() if len(cores) == 1}
+    per_core = [0.0] * len(layout.core_nodes)
+    for cell in report["cells"]:
+        for run in cell["live_runs"]:
+            for group, used in (run.get("cpu_by_core") or {}).items():
+                if group not in pinned:
+                    for core, cpu in used.items():
+                        per_core[int(core)] += cpu
+    total = sum(per_core)
+    if not total:
+        return {n: round(1.0 / len(per_core), 4) for n in layout.core_nodes}
+    return {n: round(c / total, 4) for n, c in zip(layout.core_nodes, per_core)}
 
 
 def run(names: list[str], rates: list[float] | None, n: int, seed: int, repeats: int, out: Path, command: str,

@@ -20,9 +20,11 @@ def markdown(result: dict) -> str:
     lines += ["", ("Error = (sim - mean of the two live runs) / that mean; noise = |run 1 - run 2| / mean. Simulated "
                    "on each rate's own bracketing profiles; target |error| <= 10 %. Cells in **bold** miss it. "
                    "The coordinator's hops are simulated explicitly (sim_stack.py): the way in delays the request's "
-                   "arrival at the encoder, the way out its first and last token; with a stack core they and the "
-                   "rest of the stack's measured CPU per request run on that node's core beside its worker, "
-                   "otherwise they are delays and the stack's CPU stretches the encoder (encode_core reading). "
+                   "arrival at the encoder, the way out its first and last token; they and the rest of the "
+                   "stack's measured CPU (per request at its finish, per token as the tokens are produced) run on "
+                   "the cluster's cores beside the workers (an E+P node's core included): each job whole on the "
+                   "core with the fewest busy workers as it starts (stack_placement 'idlest'; the live runs' "
+                   "per-core split of the stack's CPU, where sampled, only breaks ties). "
                    "The hops' size is the profile's request_latency_s; their in/out split is the layout's "
                    "hop_in_share, from the lowest rate's live per-hop marks (these profiles predate request_in_s)."),
           ""]
@@ -37,7 +39,7 @@ def layout_section(rep: dict) -> list[str]:
     cores = f", shared cores {rep['shared_cores_simulated']}" if rep["shared_cores_simulated"] else ""
     lines = ["", f"## {rep['layout']}: {rep['about']}", "",
              (f"Simulated as `{rep['deployment_simulated']}`, knobs `{rep['knobs']}`{cores}, "
-              f"stack core {rep.get('stack_core_simulated')}, hop_in_share {rep.get('hop_in_share')}. "
+              f"stack's CPU by core {rep.get('stack_cores_simulated')}, hop_in_share {rep.get('hop_in_share')}. "
               f"SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms."), "",
              ("| rate req/s | goodput/s live / sim (err, noise) | P50 TTFT ms live / sim (err, noise) | "
               "mean TPOT ms live / sim (err, noise) | attainment live / sim | load avg (others' CPU, cores) per run |"),

@@ -34,9 +34,9 @@ Modelling choices (and limits):
   P / P+D / D node's load, as routing and WorkStealing see it, a snapshot taken that often. 0: exact.
 - The coordinator's hops (sim_stack.py): a request reaches its encode node after the stack's way in,
   and the client has its first and last token after the way out (PerfModel.request_hops_s: a profile's
-  measured request latency, split). By default they are plain delays; `stack_core` names the node whose
-  core the coordinator shares (a one-host CPU cluster): its hops and the rest of its CPU per request then
-  run on that core beside the node's worker, slowing it and slowed by it.
+  measured request latency, split). By default they are plain delays; `stack_cores` names the nodes
+  whose cores the coordinator floats over (a one-host CPU cluster) and its share of CPU on each: its hops
+  and the rest of its CPU then run on those cores beside the workers, slowing them and slowed by them.
 - A service with `under_load(rate, output_tokens)` (PerfModel) is asked for its view at the run's
   offered load (requests over their arrival span, mean output length): on a one-host CPU cluster the
   serving stack's own CPU work slows the workers sharing its cores.
@@ -45,7 +45,7 @@ Modelling choices (and limits):
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.planner.deployment import Deployment
 from coordinator.planner.goodput import SLO, NodeUsage, RequestRecord, Summary, summarize
@@ -55,7 +55,7 @@ from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
-from coordinator.planner.sim_stack import Stack
+from coordinator.planner.sim_stack import Stack, StackCore, StackPlacement
 from coordinator.planner.workload import SimRequest
 from coordinator.protocol.roles import LLM_ROLE_OF_NODE, STAGES_OF_NODE
 from coordinator.policies.offload import OffloadCounts, OffloadRouter
@@ -91,6 +91,8 @@ class SimResult:
     """One per encode node, in deployment order."""
     events: int
     """Events processed (the simulator's own cost)."""
+    stack_cpu_s: dict[str, float] = field(default_factory=dict)
+    """With stack cores: the stack's CPU seconds run on each core (a node on it names it; sim_stack.py)."""
 
     def summary(self, slo: SLO, price_per_hour: Mapping[str, float] | None = None) -> Summary:
         """Goodput etc. under `slo`; `price_per_hour` by node name (Deployment.node_prices)."""
@@ -103,7 +105,7 @@ class Cluster:
     def __init__(self, deployment: Deployment, service: ServiceTimes, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int, coast: bool,
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
-                 stack_core: str | None = None) -> None:
+                 stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share") -> None:
         self.deployment = deployment
         self.coast = coast
         self.load_report_s = load_report_s
@@ -119,8 +121,8 @@ class Cluster:
         self.usage: list[NodeUsage] = []
         self._rr = 0
         ws_cfg = deployment.stealing
-        lanes, stack_lanes = self._core_lanes(shared_cores, stack_core)
-        self.stack = Stack(self.events, service, stack_lanes)
+        lanes = self._core_lanes(shared_cores, stack_cores or {})
+        gpus: dict[str, SharedGPU] = {}
         for name, node in zip(deployment.names, deployment.nodes):
             steals = node.role == "E" and ws_cfg.enabled
             stages = STAGES_OF_NODE[node.role] | ({"stolen"} if steals else set())
@@ -129,7 +131,8 @@ class Cluster:
             if node.role in ("E", "E+P"):
                 gpu = None
                 if node.role == "E+P":
-                    gpu = SharedGPU(self.events, SMPartition(node.tpcs or default_tpcs, deployment.partition), usage)
+                    gpu = gpus[name] = SharedGPU(self.events, SMPartition(node.tpcs or default_tpcs,
+                                                                          deployment.partition), usage)
                 self.encoders.append(EncodeNode(
                     self, usage, node.host, make_batch_policy(deployment.batch), OffloadRouter(deployment.offload.s),
                     gpu, WorkStealing(ws_cfg) if steals else None, lanes.get(name)))
@@ -138,12 +141,29 @@ class Cluster:
             (self.decoders if node.role == "D" else self.remote_prefill).append(llm)
         self.has_remote_prefill = bool(self.remote_prefill)
         self.saturation_load = deployment.offload.saturation_load
+        self.stack = Stack(self.events, service, self._stack_cores(stack_cores or {}, lanes, gpus),
+                           idlest=stack_placement == "idlest")
 
-    def _core_lanes(self, shared_cores: Sequence[Collection[str]], stack_core: str | None = None
-                    ) -> tuple[dict[str, CoreLane], tuple[CoreLane, CoreLane] | None]:
+    def _stack_cores(self, shares: Mapping[str, float], lanes: dict[str, CoreLane],
+                     gpus: dict[str, SharedGPU]) -> list[StackCore]:
+        """The stack's lanes on each core its nodes name (nodes on one core pool their shares), its
+        shares normalised to add up to 1."""
+        total = sum(shares.values())
+        by_core: dict[int, tuple[SharedCore | SharedGPU, float, str]] = {}
+        for name, share in shares.items():
+            proc = gpus[name] if name in gpus else lanes[name].core
+            assert isinstance(proc, (SharedCore, SharedGPU))
+            _, before, first = by_core.get(id(proc), (proc, 0.0, name))
+            by_core[id(proc)] = (proc, before + share / total, first)
+        return [StackCore(proc.lane("stack hops"), proc.lane("stack"), share, node)
+                for proc, share, node in by_core.values()]
+
+    def _core_lanes(self, shared_cores: Sequence[Collection[str]], stack_cores: Mapping[str, float]
+                    ) -> dict[str, CoreLane]:
         """A lane on its core for every node named in `shared_cores` (E+P nodes excluded: their two
-        workers already share one processor, sim_gpu.SharedGPU); and the stack's two lanes on
-        `stack_core`'s core (a core of its own with that node when no group names it)."""
+        workers already share one processor, sim_gpu.SharedGPU), and for every other node the stack
+        runs beside (a core of its own with that node's worker; an E+P node's processor takes the stack's
+        lanes itself)."""
         names, roles = self.deployment.names, dict(zip(self.deployment.names, (n.role for n in self.deployment.nodes)))
         lanes: dict[str, CoreLane] = {}
         for i, group in enumerate(shared_cores):
@@ -158,17 +178,15 @@ class Cluster:
                 raise ValueError(f"nodes {again} are on more than one shared core")
             core = SharedCore(self.events, f"core {i}")
             lanes.update({n: core.lane(n) for n in group})
-        if stack_core is None:
-            return lanes, None
-        if stack_core not in names:
-            raise ValueError(f"stack_core {stack_core!r} is not a node of the deployment; its nodes: {names}")
-        if roles[stack_core] == "E+P":
-            raise ValueError(f"stack_core {stack_core!r} is an E+P node, whose processor is shared by its own two "
-                             f"workers already; put the stack on another node's core")
-        if stack_core not in lanes:
-            lanes[stack_core] = SharedCore(self.events, f"core of {stack_core}").lane(stack_core)
-        core = lanes[stack_core].core
-        return lanes, (core.lane("stack hops"), core.lane("stack"))
+        unknown = sorted(set(stack_cores) - set(names))
+        if unknown:
+            raise ValueError(f"stack_cores names nodes {unknown} that the deployment lacks; its nodes: {names}")
+        if stack_cores and (any(v < 0 for v in stack_cores.values()) or sum(stack_cores.values()) <= 0):
+            raise ValueError(f"stack_cores shares must be >= 0 with a positive sum, got {dict(stack_cores)}")
+        for name in stack_cores:
+            if name not in lanes and roles[name] != "E+P":
+                lanes[name] = SharedCore(self.events, f"core of {name}").lane(name)
+        return lanes
 
     def load_of(self, node: EncodeNode | LLMNode) -> int:
         """A node's load as routing sees it: an LLM node's last report when loads are reported."""
@@ -231,7 +249,7 @@ class Simulator:
     def __init__(self, deployment: Deployment, service: ServiceTimes, *, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True,
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
-                 stack_core: str | None = None) -> None:
+                 stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share") -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -253,8 +271,15 @@ class Simulator:
         """Groups of node names whose workers time-slice one core (module docstring); [] for none."""
         self.load_report_s = load_report_s
         """Seconds between LLM nodes' load reports, as routing and stealing see them (module docstring); 0: exact."""
-        self.stack_core = stack_core
-        """The node whose core the coordinator's hops and CPU run on (sim_stack.py); None: hops are delays."""
+        self.stack_cores = dict(stack_cores or {})
+        """Node -> share of the coordinator's CPU spent on that node's core (sim_stack.py; shares are
+        normalised, nodes on one core pool theirs); empty: its hops are delays."""
+        if stack_placement not in ("share", "idlest"):
+            raise ValueError(f"stack_placement must be 'share' or 'idlest', got {stack_placement!r}")
+        self.stack_placement: StackPlacement = stack_placement
+        """How the stack's jobs spread over its cores: "share" runs each job's share on each core (the
+        measured proportion); "idlest" runs each job whole on the core with the fewest busy workers as it
+        starts, as the OS places a woken floating process (shares only break ties)."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -270,7 +295,8 @@ class Simulator:
             rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
-                          self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_core)
+                          self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
+                          self.stack_placement)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
 
@@ -289,4 +315,4 @@ class Simulator:
         events.run()
         stats = [EncodeStats(e.name, e.router.counts, 0 if e.stealing is None else e.stealing.stolen_total,
                              0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
-        return SimResult([f.record for f in flights], cluster.usage, stats, events.processed)
+        return SimResult([f.record for f in flights], cluster.usage, stats, events.processed, cluster.stack.cpu_by_core())

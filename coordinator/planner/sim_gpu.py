@@ -14,7 +14,8 @@ partition. Shares, from SMPartition (the same object the encode worker uses):
   With no micro-batch in flight the prefill side gets what `split(0, 0, backlog)` gives it: the whole
   GPU under "dynamic", its fixed share under "static" (static masks stay in place).
 - "none": no masks. Two processes on one GPU without MPS time-slice, so we model processor sharing:
-  each busy side gets half the GPU, a side alone gets all of it.
+  each busy side gets half the GPU, a side alone gets all of it. Only in this mode can other jobs join
+  (`lane(name)`: the serving stack on a CPU "E+P" core, sim_stack.py): k busy lanes each run at 1/k.
 Linear scaling in TPCs is optimistic for memory-bound prefill (SMs do not partition HBM bandwidth).
 
 SharedCore: one CPU core running the workers of several nodes (a local CPU cluster with more workers
@@ -117,6 +118,18 @@ class SharedGPU(_LaneSet):
             raise ValueError(f"an E+P GPU with total_tpcs={partition.total_tpcs} and mode="
                              f"{partition.config.mode!r} leaves its prefill worker no TPC; give it more TPCs")
         self._busy_since = 0.0
+        self._guests: list[_Lane] = []
+
+    def lane(self, name: str) -> CoreLane:
+        """A lane for a job other than the node's two workers (partition mode "none" only: masks would
+        leave it no SMs); its time is not the node's usage."""
+        if self.partition.config.mode != "none":
+            raise ValueError(f"{self.name}: only an unpartitioned (mode='none') E+P processor takes other jobs' "
+                             f"lanes; this one has mode={self.partition.config.mode!r}")
+        lane = _Lane(name)
+        self._guests.append(lane)
+        self.lanes.append(lane)
+        return CoreLane(self, lane)
 
     def start_encode(self, work_s: float, requests: int, tokens: int, backlog_tokens: int,
                      done: Callable[[Any], None], arg: Any) -> None:
@@ -128,19 +141,22 @@ class SharedGPU(_LaneSet):
         self._start(self.prefill, work_s, done, arg)
 
     def _start(self, lane: _Lane, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
-        if not lane.busy and not (self.encoder.busy or self.prefill.busy):
+        if lane in (self.encoder, self.prefill) and not (self.encoder.busy or self.prefill.busy):
             self._busy_since = self.events.now
         super()._start(lane, work_s, done, arg)
 
     def _speeds(self) -> list[float]:
         enc, pre = self.encoder.busy, self.prefill.busy
         if self.partition.config.mode == "none":
-            return [0.5, 0.5] if enc and pre else [1.0, 1.0]
+            busy = sum(lane.busy for lane in self.lanes)
+            return [1.0 / busy if busy else 1.0] * len(self.lanes)
         split = self._split if enc and self._split is not None else self._idle_split
         total = self.partition.total_tpcs
         return [split.encoder_tpcs / total, split.prefill_tpcs / total]
 
     def _finished(self, lane: _Lane, now: float) -> None:
+        if lane in self._guests:
+            return
         self.usage.stage_busy_s[lane.stage] += now - lane.started
         if not (self.encoder.busy or self.prefill.busy):
             self.usage.busy_s += now - self._busy_since
@@ -149,11 +165,12 @@ class SharedGPU(_LaneSet):
 
 
 class CoreLane:
-    """One node's worker on a SharedCore: runs one job at a time, at the core's fair share."""
+    """One job stream on a shared processor (a node's worker on a SharedCore, the stack on a core or an
+    unpartitioned E+P processor): runs one job at a time, at its share of the processor."""
 
     __slots__ = ("core", "lane")
 
-    def __init__(self, core: SharedCore, lane: _Lane) -> None:
+    def __init__(self, core: _LaneSet, lane: _Lane) -> None:
         self.core = core
         self.lane = lane
 

@@ -57,6 +57,7 @@ class Engine:
     def finish_step(self, plan: StepPlan, now: float) -> StepResult:
         out = self.model.complete(plan)
         stack = self.cluster.stack
+        stack.tokens(plan.decodes + len(out.first_tokens))
         for f in out.first_tokens:
             f.record.first_token = now
             stack.first_token(f)
@@ -82,6 +83,8 @@ class Coast:
         self._first = 0
         self._ends: list[float] = []
         self._seconds: list[float] = []
+        self._batches: list[int] = []
+        """Tokens each kept step produces (its decode batch)."""
         self._cut = False
         self._version = 0
 
@@ -93,7 +96,7 @@ class Coast:
         """Plan the plain steps from `now`, up to the engine's next finisher; False if the next step is not plain."""
         model, first, t = self.engine.model, self.engine.model.step_index, now
         decode_s, tier = self.engine.cluster.service.decode_step_s, self.engine.tier
-        ends, seconds = self._ends, self._seconds
+        ends, seconds, batches = self._ends, self._seconds, self._batches
         while len(ends) < MAX_COAST_STEPS:
             step = model.plain_decode_step()
             if step is None:
@@ -102,6 +105,7 @@ class Coast:
             t += dt
             ends.append(t)
             seconds.append(dt)
+            batches.append(step[0])
         if not ends:
             return False
         self._first, self._cut = first, False
@@ -116,7 +120,7 @@ class Coast:
             return
         kept = min(bisect_left(self._ends, now) + 1, len(self._ends))
         self.engine.model.rewind(self._first + kept)
-        del self._ends[kept:], self._seconds[kept:]
+        del self._ends[kept:], self._seconds[kept:], self._batches[kept:]
         self._cut = True
         self._version += 1
         self.events.at(self._ends[-1], self._end, self._version)
@@ -126,6 +130,8 @@ class Coast:
             return
         ends, seconds = self._ends, self._seconds
         self._ends, self._seconds = [], []
+        self.engine.cluster.stack.tokens(sum(self._batches))  # the coast's tokens, relayed at its end
+        self._batches = []
         self.on_end(ends, seconds)
 
 

@@ -7,49 +7,99 @@ service with `request_hops_s()` (PerfModel: a profile's request_latency_s split 
 gives their idle latencies; one with only `request_latency_s()` has it all on the way out.
 
 Two models of them:
-- delays (no stack core): each hop is a fixed delay. The way in delays the request's arrival at its
+- delays (no stack cores): each hop is a fixed delay. The way in delays the request's arrival at its
   encode node, the way out the client's first and last token. Contention, if any, is the service's own
   business (PerfModel.under_load stretches the hops and the encoder, "encode_core").
-- on a core (`Simulator(stack_core=node)`): the coordinator runs on the core of that node's worker, as
-  on a one-host CPU cluster. Its hops are jobs on one lane of that core, first come first served (one
-  event loop): a hop takes its idle latency at the whole core, longer while the worker computes and
-  behind earlier hops. The rest of the stack's CPU per request (`stack_cpu_s(tokens)` beyond its hops:
-  relaying every token, Redis, a load generator on the host) runs on a second lane once the request
-  finishes. Both lanes take their share of the core from the worker (sim_gpu.SharedCore: k busy lanes
-  each at 1/k), so the stack lowers the capacity of the worker beside it and its hops grow with load.
+- on cores (`Simulator(stack_cores={node: share, ...})`): the coordinator runs on the cores of those
+  nodes' workers, as on a one-host CPU cluster, where it floats between cores (not pinned) and spends
+  `share` of its CPU on each. Its hops are jobs of one event loop, first come first served: a hop of
+  idle latency h runs h x share on each core in turn (at the whole core it takes h; while the workers
+  there compute, longer), and waits behind earlier hops. The rest of the stack's CPU
+  (`stack_cpu_s(tokens)` beyond its hops: relaying tokens, Redis, a load generator on the host) runs on
+  a second lane of each core, split by the same shares: the per-token part as the tokens are produced
+  (`tokens(n)` from the engines' steps), the per-request rest when the request finishes. The lanes take
+  their share of a core from its workers (sim_gpu: k busy lanes each at 1/k), so the stack lowers the
+  capacity of the workers beside it and its hops grow with load. An E+P node's (unpartitioned) processor
+  takes the stack's lanes like a core. With `stack_placement="idlest"` each job runs whole on the core
+  with the fewest other busy lanes as it starts (the OS waking a floating process on an idle core); the
+  shares only break ties, and the split over the cores emerges from the load (cpu_by_core).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from coordinator.planner.service import ServiceTimes
 from coordinator.planner.sim_engine import Flight
 from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane
 
+StackPlacement = Literal["share", "idlest"]
+"""How the stack's jobs spread over its cores (Simulator.stack_placement)."""
+
+
+@dataclass(frozen=True)
+class StackCore:
+    """The stack's two lanes on one core and its share of the stack's CPU there."""
+
+    hops: CoreLane
+    """The coordinator's event loop while it runs on this core."""
+    rest: CoreLane
+    """The rest of the stack's CPU on this core (token relay, Redis, load generator)."""
+    share: float
+    """Fraction of the stack's CPU spent on this core; the shares of all its cores add up to 1."""
+    node: str = ""
+    """A node whose worker runs on this core (names the core in Stack.cpu_by_core)."""
+
+
+def _others_busy(lane: CoreLane) -> int:
+    return sum(other.busy for other in lane.core.lanes if other is not lane.lane)
+
 
 class _Fifo:
-    """Jobs through one core lane, one at a time, in arrival order."""
+    """Jobs in arrival order, one at a time; each runs as pieces (work x share) on its lanes in turn,
+    or ("idlest") whole on the lane whose processor has the fewest other busy lanes as it starts."""
 
-    def __init__(self, lane: CoreLane) -> None:
-        self.lane = lane
+    def __init__(self, pieces: Sequence[tuple[CoreLane, float]], idlest: bool = False) -> None:
+        self.pieces = [(lane, share) for lane, share in pieces if share > 0]
+        self.idlest = idlest
         self.jobs: deque[tuple[float, Callable[[Any], None] | None, Any]] = deque()
+        self.busy = False
+        self.charged: dict[str, float] = {}
+        """Work run per processor (its name), in seconds at the whole processor."""
 
     def submit(self, work_s: float, done: Callable[[Any], None] | None, arg: Any = None) -> None:
         self.jobs.append((work_s, done, arg))
-        if not self.lane.busy:
+        if not self.busy:
             self._next()
 
     def _next(self) -> None:
+        self.busy = bool(self.jobs)
         if self.jobs:
-            work, done, arg = self.jobs.popleft()
-            self.lane.run(work, self._ran, (done, arg))
+            self._piece((0, *self.jobs.popleft()))
 
-    def _ran(self, job: tuple[Callable[[Any], None] | None, Any]) -> None:
-        done, arg = job
+    def _piece(self, job: tuple[int, float, Callable[[Any], None] | None, Any]) -> None:
+        i, work, done, arg = job
+        if self.idlest:
+            lane = min(self.pieces, key=lambda p: (_others_busy(p[0]), -p[1]))[0]
+            self._charge(lane, work)
+            lane.run(work, self._ran, (len(self.pieces) - 1, work, done, arg))
+            return
+        lane, share = self.pieces[i]
+        self._charge(lane, work * share)
+        lane.run(work * share, self._ran, (i, work, done, arg))
+
+    def _charge(self, lane: CoreLane, work: float) -> None:
+        self.charged[lane.core.name] = self.charged.get(lane.core.name, 0.0) + work
+
+    def _ran(self, job: tuple[int, float, Callable[[Any], None] | None, Any]) -> None:
+        i, work, done, arg = job
+        if i + 1 < len(self.pieces):
+            self._piece((i + 1, work, done, arg))
+            return
         self._next()
         if done is not None:
             done(arg)
@@ -65,18 +115,34 @@ def hop_times(service: ServiceTimes) -> tuple[float, float]:
 
 
 class Stack:
-    """The coordinator's two hops for every request, as delays or on a core (module docstring)."""
+    """The coordinator's two hops for every request, as delays or on cores (module docstring)."""
 
-    def __init__(self, events: EventQueue, service: ServiceTimes,
-                 lanes: tuple[CoreLane, CoreLane] | None = None) -> None:
+    def __init__(self, events: EventQueue, service: ServiceTimes, cores: Sequence[StackCore] = (),
+                 idlest: bool = False) -> None:
         self.events = events
         self.way_in_s, self.way_out_s = hop_times(service)
         cpu = getattr(service, "stack_cpu_s", None)
-        self._cpu_s: Callable[[int], float] = cpu if cpu is not None else (lambda tokens: 0.0)
-        self._hops = _Fifo(lanes[0]) if lanes else None
+        per_request = cpu(0) if cpu is not None else 0.0
+        self.token_cpu_s = (cpu(1) - per_request) if cpu is not None else 0.0
+        """Stack CPU per output token (the relay), charged as the engines produce the tokens."""
+        self.request_cpu_s = max(0.0, per_request - self.way_in_s - 2 * self.way_out_s)
+        """Stack CPU per request beyond its hops, charged when it finishes (a hop beyond the profile's
+        per-request CPU is not taken from the tokens' share)."""
+        self._hops = _Fifo([(c.hops, c.share) for c in cores], idlest) if cores else None
         """The coordinator's event loop: hop jobs in order; None: hops are plain delays."""
-        self._rest = _Fifo(lanes[1]) if lanes else None
-        """The stack's other CPU per request, beside the hops."""
+        self._node_of = {c.hops.core.name: c.node for c in cores}
+        self._rest = [_Fifo([(c.rest, c.share)]) for c in cores] if not idlest else (
+            [_Fifo([(c.rest, c.share) for c in cores], idlest)] if cores else [])
+        """The stack's other CPU, one queue per core."""
+
+    def cpu_by_core(self) -> dict[str, float]:
+        """Stack CPU seconds run on each core so far (StackCore.node names it), hops included."""
+        out: dict[str, float] = {}
+        for fifo in ([self._hops] if self._hops else []) + self._rest:
+            for name, work in fifo.charged.items():
+                node = self._node_of[name]
+                out[node] = out.get(node, 0.0) + work
+        return out
 
     def way_in(self, flight: Flight, then: Callable[[Flight], None]) -> None:
         """The request reaches the coordinator now; `then(flight)` once the encode side has it."""
@@ -86,14 +152,20 @@ class Stack:
         """The first token exists now (record.first_token): the client gets it after the way out."""
         self._hop(self.way_out_s, self._first_delivered, flight)
 
+    def tokens(self, n: int) -> None:
+        """An engine produced `n` tokens now: the stack's CPU for relaying them."""
+        self._charge(n * self.token_cpu_s)
+
     def finished(self, flight: Flight) -> None:
         """The last token exists now (record.finish): relayed like the first; the rest of the stack's
-        CPU for the request follows on its own lane."""
+        per-request CPU follows on its own lanes."""
         self._hop(self.way_out_s, self._last_delivered, flight)
-        if self._rest is not None:
-            spare = self._cpu_s(flight.record.request.output_tokens) - self.way_in_s - 2 * self.way_out_s
-            if spare > 0:
-                self._rest.submit(spare, None)
+        self._charge(self.request_cpu_s)
+
+    def _charge(self, work_s: float) -> None:
+        if work_s > 0:
+            for fifo in self._rest:
+                fifo.submit(work_s, None)
 
     def _hop(self, work_s: float, then: Callable[[Flight], None], flight: Flight) -> None:
         if self._hops is not None:

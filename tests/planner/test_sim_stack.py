@@ -39,9 +39,11 @@ def request(rid: int, arrival: float, out: int = 3) -> SimRequest:
     return SimRequest(rid, arrival, "image", 1, 16, 16, out)
 
 
-def simulate(requests, table, stack_core=None, shared_cores=(), spec=COMBINED):
-    sim = Simulator(Deployment.parse(spec), table, kv_bytes_per_token=1000, embedding_bytes_per_token=100,
-                    shared_cores=shared_cores, stack_core=stack_core)
+def simulate(requests, table, stack_core=None, shared_cores=(), spec=COMBINED, stack_cores=None,
+             placement="share", **knobs):
+    cores = stack_cores if stack_cores is not None else ({stack_core: 1.0} if stack_core else None)
+    sim = Simulator(Deployment.parse(spec, **knobs), table, kv_bytes_per_token=1000, embedding_bytes_per_token=100,
+                    shared_cores=shared_cores, stack_cores=cores, stack_placement=placement)
     return sim.run(requests)
 
 
@@ -88,11 +90,78 @@ def test_the_stack_joins_a_core_already_shared_by_workers():
     assert sum(r.ttft for r in stacked) > sum(r.ttft for r in alone)
 
 
-def test_a_stack_core_must_be_a_node_and_not_an_e_plus_p_one():
-    with pytest.raises(ValueError, match="not a node"):
+def test_stack_cores_must_be_nodes_with_positive_shares_and_an_e_plus_p_one_unpartitioned():
+    with pytest.raises(ValueError, match="lacks"):
         simulate([request(0, 0.0)], HopTable(), stack_core="9-E-cpu")
-    with pytest.raises(ValueError, match="E\\+P node"):
-        simulate([request(0, 0.0)], HopTable(), stack_core="0-E+P-cpu", spec="E+P@cpu, D@cpu")
+    with pytest.raises(ValueError, match="positive sum"):
+        simulate([request(0, 0.0)], HopTable(), stack_cores={"0-E-cpu": -1.0, "1-P+D-cpu": 0.5})
+    with pytest.raises(ValueError, match="mode='none'"):
+        simulate([request(0, 0.0)], HopTable(), stack_core="0-E+P-cpu", spec="E+P@cpu, D@cpu",
+                 partition={"mode": "static"})
+    with pytest.raises(ValueError, match="stack_placement"):
+        simulate([request(0, 0.0)], HopTable(), stack_core="0-E-cpu", placement="random")
+
+
+def test_the_stacks_cpu_is_split_over_its_cores_by_their_shares():
+    table = HopTable(encode=0.010, way_in=0.004, way_out=0.004, cpu=0.030)
+    reqs = [request(i, i * 0.05) for i in range(10)]
+    split = simulate(reqs, table, stack_cores={"0-E-cpu": 3.0, "1-P+D-cpu": 1.0})
+    total = sum(split.stack_cpu_s.values())
+    assert total == pytest.approx(10 * 0.030)  # hops + the rest: the profile's CPU per request, all of it
+    assert split.stack_cpu_s["0-E-cpu"] == pytest.approx(0.75 * total)
+    # a hop split over two idle cores still takes its idle latency
+    one = simulate([request(0, 0.0)], table, stack_cores={"0-E-cpu": 1.0, "1-P+D-cpu": 1.0}).records[0]
+    assert one.encode_start == pytest.approx(0.004)
+    # nodes on one core pool their shares
+    spec, shared = "E@cpu, P@cpu, D@cpu", [{"0-E-cpu", "1-P-cpu"}]
+    pooled = simulate(reqs, table, spec=spec, shared_cores=shared,
+                      stack_cores={"0-E-cpu": 1.0, "1-P-cpu": 1.0, "2-D-cpu": 2.0}).stack_cpu_s
+    assert set(pooled) == {"0-E-cpu", "2-D-cpu"} and pooled["0-E-cpu"] == pytest.approx(pooled["2-D-cpu"])
+
+
+def test_an_e_plus_p_core_takes_the_stack_and_its_workers_slow_down():
+    table = HopTable(encode=0.010, way_in=0.002, way_out=0.002, cpu=0.040)
+    reqs = [request(i, i * 0.03) for i in range(30)]
+    spec, knobs = "E+P@cpu, D@cpu", {"partition": {"mode": "none"}, "offload": {"s": 1.0}}
+    delays = simulate(reqs, table, spec=spec, **knobs).records
+    on_core = simulate(reqs, table, spec=spec, stack_core="0-E+P-cpu", **knobs)
+    mean = lambda xs: sum(xs) / len(xs)
+    assert mean([r.encode_end - r.encode_start for r in on_core.records]) > 1.1 * mean(
+        [r.encode_end - r.encode_start for r in delays])
+    assert set(on_core.stack_cpu_s) == {"0-E+P-cpu"}
+    assert on_core.usage[0].stage_busy_s.get("stack", 0.0) == 0.0  # the stack's time is not the node's
+
+
+def test_the_token_relay_cpu_is_charged_while_the_tokens_are_produced():
+    @dataclass(frozen=True)
+    class TokenTable(HopTable):
+        token_cpu: float = 0.0
+
+        def stack_cpu_s(self, output_tokens):
+            return self.cpu + self.token_cpu * output_tokens
+
+    reqs = [request(0, 0.0, out=200), request(1, 0.1)]  # request 1 is encoded while request 0 decodes
+    cores = {"0-E-cpu": 1.0, "1-P+D-cpu": 1.0}
+    quiet = simulate(reqs, TokenTable(encode=0.010), stack_cores=cores).records[1]
+    relayed = simulate(reqs, TokenTable(encode=0.010, token_cpu=0.004), stack_cores=cores)
+    busy = relayed.records[1]
+    # request 0's tokens are relayed as they come, on request 1's encoder core too (not after its finish)
+    assert busy.encode_end - busy.encode_start > 1.1 * (quiet.encode_end - quiet.encode_start)
+    assert sum(relayed.stack_cpu_s.values()) == pytest.approx(0.004 * 203, rel=0.02)
+
+
+def test_idlest_placement_runs_each_stack_job_on_the_core_with_fewer_busy_workers():
+    table = HopTable(encode=0.002, way_in=0.002, way_out=0.002, cpu=0.010)
+    reqs = [request(i, i * 0.01, out=40) for i in range(40)]  # the P+D core decodes all the time
+    cores = {"0-E-cpu": 0.1, "1-P+D-cpu": 0.9}
+    shared = simulate(reqs, table, stack_cores=cores).stack_cpu_s
+    idlest = simulate(reqs, table, stack_cores=cores, placement="idlest").stack_cpu_s
+    assert shared["0-E-cpu"] == pytest.approx(0.1 * sum(shared.values()))
+    assert idlest["0-E-cpu"] > 0.5 * sum(idlest.values())
+    # on an idle cluster the shares break the tie (the hops alone: one job at a time)
+    hops = HopTable(way_in=0.002, way_out=0.002)
+    alone = simulate([request(0, 0.0, out=1)], hops, stack_cores=cores, placement="idlest").stack_cpu_s
+    assert set(alone) == {"1-P+D-cpu"}
 
 
 def test_a_service_with_only_a_request_latency_has_it_all_on_the_way_out():
