@@ -130,9 +130,16 @@ def parse_token_event(fields: dict) -> TokenEvent:
 
 
 def _add_event(pipe, key: str, ev: TokenEvent) -> None:
-    pipe.xadd(key, {FIELD: ev.model_dump_json(exclude_defaults=True)}, maxlen=REPLY_STREAM_MAXLEN, approximate=True)
-    # Every write renews the TTL: a stream whose reader left (and deleted it) cannot live forever.
-    pipe.expire(key, TOKEN_STREAM_TTL_S)
+    _add_events(pipe, [(key, ev)])
+
+
+def _add_events(pipe, events: list[tuple[str, TokenEvent]]) -> None:
+    for key, ev in events:
+        pipe.xadd(key, {FIELD: ev.model_dump_json(exclude_defaults=True)}, maxlen=REPLY_STREAM_MAXLEN, approximate=True)
+    # Every write renews the TTL, once per stream written (a step's events mostly go to one coordinator's): a
+    # stream whose reader left (and deleted it) cannot live forever.
+    for key in dict.fromkeys(key for key, _ in events):
+        pipe.expire(key, TOKEN_STREAM_TTL_S)
 
 
 async def publish_tokens(redis: Redis, events: list[tuple[str, TokenEvent]]) -> None:
@@ -140,6 +147,5 @@ async def publish_tokens(redis: Redis, events: list[tuple[str, TokenEvent]]) -> 
     if not events:
         return
     pipe = redis.pipeline(transaction=False)
-    for key, ev in events:
-        _add_event(pipe, key, ev)
+    _add_events(pipe, events)
     await pipe.execute()
