@@ -8,6 +8,7 @@ and only the ASGI call around the whole response sees that moment.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,15 +41,19 @@ class Admission:
     No lock is needed: the count is checked and changed without an await in between, on the one event loop.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int = 1, stats: AdmissionStats | None = None):
+    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int = 1, stats: AdmissionStats | None = None,
+                 counts: Callable[[Scope], bool] = lambda scope: True):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.app, self.limit, self.retry_after_s = app, limit, retry_after_s
         self.stats = stats or AdmissionStats()
         """Handed in by the app factory, which builds the middleware lazily and keeps no other handle."""
+        self.counts = counts
+        """Whether a request takes a slot: one without a valid API key does not (the route answers it 401)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ADMITTED_PATHS:
+        if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ADMITTED_PATHS
+                or not self.counts(scope)):
             await self.app(scope, receive, send)
             return
         if self.stats.in_flight >= self.limit:

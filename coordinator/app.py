@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.admission import Admission, AdmissionStats
+from coordinator.auth import has_api_key
 from coordinator.config import CoordinatorConfig
 from coordinator.dispatch import EncodeDispatcher
 from coordinator.errors import RequestError
@@ -112,7 +113,8 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
 
     app = FastAPI(title="tierserve coordinator", version="0.1.0", lifespan=lifespan)
     app.state.admission = AdmissionStats()
-    app.add_middleware(Admission, limit=config.max_in_flight, stats=app.state.admission)
+    app.add_middleware(Admission, limit=config.max_in_flight, stats=app.state.admission,
+                       counts=lambda scope: has_api_key(scope, config.api_keys))
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError) -> JSONResponse:

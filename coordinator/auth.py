@@ -84,13 +84,27 @@ def host_without_port(header: str) -> str:
 
 def bearer(request: Request) -> bytes | None:
     """The credential after `Bearer ` in the Authorization header as the bytes sent; None if there is none."""
-    value = request.headers.get("authorization")
+    return bearer_of(request.headers.get("authorization"))
+
+
+def bearer_of(value: str | None) -> bytes | None:
+    """`bearer` of an Authorization header's value."""
     if value is None:
         return None
     scheme, _, credential = value.strip().partition(" ")
     if scheme.lower() != "bearer":
         return None
     return credential.strip().encode("latin-1") or None
+
+
+def has_api_key(scope: dict, keys: tuple[str, ...]) -> bool:
+    """Whether an ASGI request carries one of `keys` (True when none are configured): admission counts only
+    such requests, so a caller without a valid key gets its 401 at any load, never a 429, and holds no slot."""
+    if not keys:
+        return True
+    value = next((v for k, v in scope.get("headers", ()) if k.lower() == b"authorization"), None)
+    given = bearer_of(value.decode("latin-1")) if value is not None else None
+    return given is not None and matches(given, keys)
 
 
 def matches(given: bytes, accepted: tuple[str, ...]) -> bool:

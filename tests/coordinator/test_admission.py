@@ -134,3 +134,24 @@ async def test_a_redis_outage_is_503_with_retry_after_never_500(key_prefix):
             assert health.status_code == 503 and health.json()["status"] == "unhealthy"
     finally:
         server.stop()
+
+
+async def test_a_request_without_a_valid_key_is_401_at_full_load_and_holds_no_slot(redis_url, key_prefix):
+    """Admission counts only requests with a valid key: a wrong or missing key gets its 401 even when every slot
+    is taken (never a 429 the client would retry), and never takes a slot from a keyed client."""
+    release = asyncio.Event()
+    good = {"Authorization": "Bearer key-1"}
+    async with app_client(redis_url, key_prefix, max_in_flight=2, api_keys=("key-1",)) as (app, client):
+        stats = app.state.admission
+        held = [asyncio.create_task(client.post("/v1/chat/completions", headers=good, content=slow_upload(
+            chat_body(model="not-served"), release))) for _ in range(2)]
+        await until(lambda: stats.in_flight == 2)
+        for headers in ({"Authorization": "Bearer wrong-key-123"}, {}, {"Authorization": "Basic key-1"}):
+            r = await client.post("/v1/chat/completions", json=chat_body(), headers=headers)
+            assert r.status_code == 401, (headers, r.status_code, r.text)
+        assert (stats.in_flight, stats.rejected) == (2, 0)
+        r = await client.post("/v1/chat/completions", json=chat_body(), headers=good)
+        assert r.status_code == 429  # a keyed request over the limit is still refused
+        release.set()
+        assert {(await t).status_code for t in held} == {404}  # "not-served": admitted, then refused by model
+        assert stats.in_flight == 0
