@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from coordinator.protocol import envs
+from coordinator.protocol.colocation import channel_path
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 from coordinator.protocol.roles import LLM_ROLES
@@ -287,6 +288,9 @@ class LocalCluster:
                 p.kill()
                 p.wait()
         self.procs.clear()
+        for name, (argv, _) in self.argv.items():  # each encode worker's co-location file (64 bytes), now unused
+            if "encode_node" in argv:
+                channel_path(self.spec.key_prefix, name).unlink(missing_ok=True)
         if self.redis is not None:
             self.redis.stop()
             self.redis = None

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from coordinator.launcher import ClusterError, ClusterSpec, LocalCluster
+from coordinator.protocol.colocation import channel_path
 from coordinator.redis_server import free_port
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -48,6 +49,7 @@ def test_a_worker_killed_while_starting_is_restarted_and_the_start_completes(red
     finally:
         t.join(200)
         cluster.stop()
+    assert not channel_path(cluster.spec.key_prefix, "encode-0").exists()  # stop() leaves no co-location file
 
 
 def test_a_worker_that_exits_on_its_own_while_starting_fails_the_start(redis_url, tmp_path):
