@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from coordinator.deploy.hosts import DeployError, HostsFile
+from coordinator.deploy.inventory_file import GPU_COUNT_VAR
 from coordinator.planner.catalog import Catalog, load_catalog
 from coordinator.plan_launch import check_engine
 from coordinator.planner.planfile import PlanFile, PlanFileError, PlanNode
@@ -127,6 +128,8 @@ def build_inventory(plan: PlanFile, hosts: HostsFile, options: InventoryOptions 
             v["ansible_user"] = h.ssh_user
         if h.python:
             v["ansible_python_interpreter"] = h.python
+        if h.gpu_tiers():  # a live switch (`tierserve deploy switch`) places no worker on a host whose GPUs are all held
+            v[GPU_COUNT_VAR] = len(h.gpu_tiers())
         if encode.get(h.name):
             v["encode_node_workers"] = sorted(encode[h.name], key=lambda w: w["id"])
         if llm.get(h.name):

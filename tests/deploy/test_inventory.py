@@ -74,6 +74,7 @@ def test_seeds_cluster_inventory(seeds_plan):
         "llm-2": [("llm-2-gpu0-decode", "decode", 0)]}
     assert hosts["llm-1"]["tierserve_advertise_address"] == "192.168.0.21"
     assert hosts["llm-1"]["ansible_host"] == "10.0.0.21" and hosts["llm-2"]["ansible_user"] == "ops"
+    assert {h: v["tierserve_gpus"] for h, v in hosts.items()} == {"enc-1": 1, "enc-2": 1, "llm-1": 1, "llm-2": 1}
     assert all(w["device"] == "cuda:0" for ws in _workers(inv).values() for w in ws)
     children = inv["all"]["children"]
     assert list(children["redis"]["hosts"]) == ["llm-1"] and list(children["coordinator"]["hosts"]) == ["llm-1"]
