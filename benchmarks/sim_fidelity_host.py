@@ -86,11 +86,21 @@ class ForeignCPU:
                 return seen
 
 
+METHOD = "cpu_time"
+"""How CoreSampler's figures were taken, recorded with every live run's cpu_by_core. Runs sampled
+before 2026-12-02 05:29Z (commit c6b3216) hold "runnable": the mean number of running-or-runnable
+threads per sample and core, not CPU time; it exceeds 1 on one core when threads queue there (the
+stealing layout's pinned combined worker showed 1.37), and that sampler's "stack" group (coordinator +
+Redis) counted the coordinator a second time (sim_fidelity_layouts.stack_shares subtracts it)."""
+
+
 class CoreSampler:
     """Where processes ran: a background thread reads every thread's CPU time and last core
     (/proc/PID/task/TID/stat) at `hz` and charges the CPU time each thread used since the previous
-    sample to the core it is on now. Pinned workers stay on their core, so theirs is exact; a
-    floating process that moves between samples is charged approximately."""
+    sample to the core it is on now (METHOD). Pinned workers stay on their core, so theirs is exact; a
+    floating process that moves between samples is charged approximately. A thread first seen after
+    the first sample was born in the window: all its CPU time is charged. A thread that ends between two
+    samples loses what it used since the last one (at most one period)."""
 
     def __init__(self, groups: dict[str, list[int]], hz: float = 50.0) -> None:
         import threading
@@ -99,6 +109,7 @@ class CoreSampler:
         self.period = 1.0 / hz
         self.cpu: dict[str, dict[int, float]] = {g: {} for g in groups}
         self._last: dict[tuple[str, int, str], float] = {}
+        self._started = False
         self._wall = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -106,6 +117,7 @@ class CoreSampler:
     def __enter__(self) -> Self:
         self._t0 = time.monotonic()
         self._sample(charge=False)
+        self._started = True
         self._thread.start()
         return self
 
@@ -137,7 +149,7 @@ class CoreSampler:
                     except (FileNotFoundError, ProcessLookupError):
                         continue
                     total = (int(rest[11]) + int(rest[12])) / TICK
-                    before = self._last.get((group, pid, tid))
+                    before = self._last.get((group, pid, tid), 0.0 if self._started else None)
                     self._last[(group, pid, tid)] = total
                     if charge and before is not None and total > before:
                         core = int(rest[36])

@@ -250,12 +250,18 @@ def hop_in_share(report: dict) -> float | None:
 def stack_shares(report: dict, layout: Layout) -> dict[str, float]:
     """The stack's CPU per core (layout.core_nodes' order), as shares: summed over every live run of
     the layout (all rates) and every process not pinned to one core (coordinator, Redis, the load
-    generator: live_affinity, cpu_by_core). Evenly over the cores when the runs did not sample them."""
+    generator: live_affinity, cpu_by_core). Evenly over the cores when the runs did not sample them.
+    Runs sampled as "runnable" (sim_fidelity_host.METHOD) had a "stack" group of the coordinator and
+    Redis, counted apart from the "coordinator" group: only what it holds beyond the coordinator counts."""
     pinned = {name for name, cores in report.get("live_affinity", {}).items() if len(cores) == 1}
     per_core = [0.0] * len(layout.core_nodes)
     for cell in report["cells"]:
         for run in cell["live_runs"]:
-            for group, used in (run.get("cpu_by_core") or {}).items():
+            groups = dict(run.get("cpu_by_core") or {})
+            if run.get("cpu_by_core_method") == "runnable" and "stack" in groups:
+                coordinator = groups.get("coordinator", {})
+                groups["stack"] = {core: max(0.0, x - coordinator.get(core, 0.0)) for core, x in groups["stack"].items()}
+            for group, used in groups.items():
                 if group not in pinned:
                     for core, cpu in used.items():
                         per_core[int(core)] += cpu

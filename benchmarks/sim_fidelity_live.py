@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.sim_fidelity import rounded, workload
-from benchmarks.sim_fidelity_host import CoreSampler, ForeignCPU
+from benchmarks.sim_fidelity_host import METHOD, CoreSampler, ForeignCPU
 from benchmarks.sim_fidelity_layouts import Layout, figures, saved_records
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.planner.goodput import SLO
@@ -75,7 +75,7 @@ def live_run(replayer: HttpReplayer, requests: list[SimRequest], slo: SLO, progr
     if "offload_realised" in after:
         policy["offload_realised_last_100"] = round(after["offload_realised"], 3)
     return {"figures": figures(summarize_replay(records, slo, mean_batch)), "mean_encode_batch": round(mean_batch, 3),
-            "policy": policy, "cpu_by_core": sampler.shares(),
+            "policy": policy, "cpu_by_core": sampler.shares(), "cpu_by_core_method": METHOD,
             "ttft_stages": rounded(live_stages(records)), "failed": sum(not r.ok for r in records),
             "load_average": [[round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()]],
             "records": saved_records(records)}

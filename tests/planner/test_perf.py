@@ -7,7 +7,7 @@ import pytest
 from coordinator.planner.arch import PRESETS, get_arch
 from coordinator.planner.catalog import load_catalog
 from coordinator.planner.perf import NetworkConfig, PerfModel, RooflineConfig, decode_cost, prefill_cost
-from coordinator.planner.profile import Profile, interpolate, load_profiles
+from coordinator.planner.profile import DecodePoint, Profile, dominated_decode, interpolate, load_profiles
 
 LLAVA = PRESETS["llava-1.5-7b"]
 
@@ -68,6 +68,20 @@ def test_profile_decode_is_linear_in_context_then_in_batch():
     row1, row8 = 0.020 + 0.004 * 7000 / 2000, 0.030
     assert p.decode_step_s(4, 8000) == pytest.approx(row1 + (row8 - row1) * 3 / 7)
     assert p.prefill_s(4000) == pytest.approx(0.34)
+
+
+def test_profile_decode_step_no_slower_than_a_step_with_more_sequences_and_kv():
+    # Median-pooled live profile (sim_fidelity_layouts epd): batch 1 x 48 took 6.9 ms, batch 2 x 96 3.3 ms.
+    pts = [DecodePoint(batch=1, context_tokens=48, seconds=0.0069), DecodePoint(batch=1, context_tokens=528, seconds=0.0040),
+           DecodePoint(batch=2, context_tokens=96, seconds=0.0033), DecodePoint(batch=2, context_tokens=1056, seconds=0.0061)]
+    p = Profile(tier="cpu", model="m", measured_at="2026-12-02", decode=tuple(pts))
+    assert [q.seconds for q in dominated_decode(pts)] == [0.0033, 0.0040, 0.0033, 0.0061]
+    assert p.decode_step_s(1, 48) == pytest.approx(0.0033)
+    assert p.decode_step_s(1, 288) == pytest.approx(0.00365)  # halfway along the bounded row
+    assert p.decode_step_s(2, 1056) == pytest.approx(0.0061)  # points nothing dominates are kept
+    # A point is bounded only by one with at least its sequences AND its KV: fewer KV does not bound it.
+    q = [DecodePoint(batch=1, context_tokens=528, seconds=0.005), DecodePoint(batch=2, context_tokens=96, seconds=0.003)]
+    assert [x.seconds for x in dominated_decode(q)] == [0.005, 0.003]
 
 
 def test_profile_round_trips_through_json(tmp_path):
