@@ -213,24 +213,17 @@ class LLMWorker:
         for rid in self.aborted:
             self.engine.abort(rid)
         self.aborted.clear()
-        if self.share is not None:  # admitting and stepping are separate hops: the step may have to wait its turn
-            await self.admit_pending()
-            self.report_share()
-            ready = []  # what arrived during that await waits for the next pass (wake is set)
-        else:
-            ready = self.take_ready()
-        if not ready and not self.engine.has_unfinished():
+        await self.admit_pending()
+        self.report_share()
+        if not self.engine.has_unfinished():
             await self.flush()
             self.report_share()  # the flushed publish may have finished requests
             if not self.pending:
                 await self.wake.wait()
             return
         try:
-            if self.share is None:  # a new request's add and its first step in one thread hop, not two
-                refused, outputs, error = await asyncio.to_thread(self._add_and_step, ready)
-                await self.refuse(refused)
-                if error is not None:
-                    raise error
+            if self.share is None:
+                outputs = await asyncio.to_thread(self.engine.step)
             elif (outputs := await asyncio.to_thread(self.share.run_step, self.engine.step)) is None:
                 await asyncio.sleep(GPU_BUSY_POLL_S)  # the encoder has the GPU; look again shortly
                 return
@@ -240,15 +233,6 @@ class LLMWorker:
             return
         await self.flush()
         self.publishing = asyncio.create_task(self.emit(outputs))
-
-    def _add_and_step(self, ready: list) -> tuple[list, list[StepOutput], Exception | None]:
-        """In the engine's thread: add `ready`, then step if anything is unfinished; (refused, outputs, the
-        step's exception or None) — the refused are answered even when the step fails."""
-        refused = self._add_all(ready)
-        try:
-            return refused, self.engine.step() if self.engine.has_unfinished() else [], None
-        except Exception as e:
-            return refused, [], e
 
     def report_share(self) -> None:
         """Tell the encoder on this GPU what its policies need: requests held (stealing), backlog (prefill)."""
@@ -261,21 +245,15 @@ class LLMWorker:
             task, self.publishing = self.publishing, None
             await task
 
-    def take_ready(self) -> list:
-        """The queued requests still held (not aborted meanwhile), taken off the queue."""
-        pending, self.pending = self.pending, []
-        return [(job, req) for job, req in pending if self.jobs_by_id.get(req.request_id) is job]
-
     async def admit_pending(self) -> None:
         """Hand queued requests to the engine; one it refuses fails alone, with the engine's reason."""
-        ready = self.take_ready()
-        if ready:
-            # Off the event loop, like step(): vLLM processes a request's inputs in add(), and its first multimodal
-            # request takes seconds there, longer than the heartbeat TTL (the worker would be reaped as dead).
-            await self.refuse(await asyncio.to_thread(self._add_all, ready))
-
-    async def refuse(self, refused: list) -> None:
-        for job, req, e in refused:
+        pending, self.pending = self.pending, []
+        ready = [(job, req) for job, req in pending if self.jobs_by_id.get(req.request_id) is job]  # not aborted
+        if not ready:
+            return
+        # Off the event loop, like step(): vLLM processes a request's inputs in add(), and its first multimodal
+        # request takes seconds there, longer than the heartbeat TTL (the worker would be reaped as dead).
+        for job, req, e in await asyncio.to_thread(self._add_all, ready):
             log.error("engine refused request", extra={"request_id": req.request_id, "error": str(e)})
             self.release(req.request_id)
             await self.publish_errors([job], f"refused by {self.cfg.worker_id}: {e}")
