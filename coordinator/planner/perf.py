@@ -148,12 +148,12 @@ class PerfModel:
                  hop_in_share: float | None = None) -> None:
         self.catalog = catalog
         self.use_overheads = overheads
+        """Apply the profiles' measured overheads; False reads their compute points alone."""
         if hop_in_share is not None and not 0.0 <= hop_in_share <= 1.0:
             raise ValueError(f"hop_in_share must be within [0, 1], got hop_in_share={hop_in_share!r}")
         self.hop_in_share = hop_in_share
         """The way in's share of request_latency_s for profiles that did not measure request_in_s (measured
         elsewhere, e.g. from a live run's per-hop marks); None: such a profile's latency is all way out."""
-        """Apply the profiles' measured overheads; False reads their compute points alone."""
         self.contention: Contention = "uniform" if host_contention is True else (host_contention or "none")
         """How under_load lets the serving stack's CPU slow things down (Contention)."""
         if self.contention not in CONTENTION:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from functools import cached_property
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -208,11 +209,16 @@ class Profile(BaseModel):
         the points as dominated_decode() bounds them."""
         if not self.decode:
             return None
+        at_batch = ((b, interpolate(pts, context_tokens)) for b, pts in self._decode_rows.items())
+        return interpolate(at_batch, batch)
+
+    @cached_property
+    def _decode_rows(self) -> dict[int, list[tuple[float, float]]]:
+        """(context tokens, seconds) per batch size, bounded once (the simulator asks at every step)."""
         rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for p in dominated_decode(self.decode):
             rows[p.batch].append((p.context_tokens, p.seconds))
-        at_batch = ((b, interpolate(pts, context_tokens)) for b, pts in rows.items())
-        return interpolate(at_batch, batch)
+        return dict(rows)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

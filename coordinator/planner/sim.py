@@ -108,9 +108,9 @@ class Cluster:
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share") -> None:
         self.deployment = deployment
         self.coast = coast
+        """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
         self.load_report_s = load_report_s
         """How often LLM nodes report their load (Simulator.load_report_s); 0: routing sees it exactly."""
-        """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
         self.service = service
         self.kv_bytes_per_token = kv_bytes_per_token
         self.embedding_bytes_per_token = embedding_bytes_per_token
