@@ -68,6 +68,16 @@ STACK_PLACEMENT = "idlest"
 (the OS waking the floating coordinator on an idle core). "share" (each job split by the measured shares,
 stack_shares) was judged too (2026-12-02): fewer cells within 10 % (sim_fidelity_layouts.md)."""
 
+RELAY_PER_STEP = False
+"""Simulator(relay_per_step=...): the stack's token-relay CPU per engine step that published tokens (the
+adaptive layout's live CPU time fits 9.8 ms a request + 0.9 ms a step across its three rates), not per token."""
+IMAGE_REQUESTS_BEFORE = 1 + 20
+"""Image requests the live cluster's encoder routed before a layout's first measured run: the replayer's
+one image probe (PromptSizer.calibrate) and the warm-up (sim_fidelity_live.run_layout); every measured
+run then adds its own. Simulator(offload_routed_before=...) continues the OffloadRouter's line from there."""
+ROUTED_BEFORE = False
+"""Simulate each cell with the live router's line continued (IMAGE_REQUESTS_BEFORE); False: a fresh router."""
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -132,7 +142,8 @@ LAYOUTS = {l.name: l for l in (
 # --- simulation -----------------------------------------------------------------------------------
 
 def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None,
-             stack_cores: dict[str, float] | None = None, placement: str | None = None) -> SimResult:
+             stack_cores: dict[str, float] | None = None, placement: str | None = None,
+             routed_before: int = 0) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
     measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
     (stack_shares), evenly over `layout.core_nodes` when not given."""
@@ -145,7 +156,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
                     load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
-                    stack_placement=placement or STACK_PLACEMENT)
+                    stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP,
+                    offload_routed_before=routed_before if ROUTED_BEFORE else 0)
     return sim.run(requests)
 
 
@@ -162,8 +174,9 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 
 
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
-             hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None) -> dict:
-    result = simulate(layout, profile, requests, hop_in_share, stack_cores)
+             hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None,
+             routed_before: int = 0) -> dict:
+    result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before)
     total = sum(result.stack_cpu_s.values())
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
@@ -211,7 +224,8 @@ def judge(report: dict, requests: int, seed: int) -> None:
     share = report["hop_in_share"] = hop_in_share(report)
     cores = report["stack_cores_simulated"] = stack_shares(report, layout)
     report.pop("stack_core_simulated", None)
-    for cell in report["cells"]:
+    for i, cell in enumerate(report["cells"]):
+        before = IMAGE_REQUESTS_BEFORE + 2 * requests * i  # both runs of every earlier rate (run 2: + requests)
         profile = Profile.model_validate(cell["profile"])
         reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(requests, seed=seed)
         for run in cell["live_runs"]:
@@ -227,9 +241,9 @@ def judge(report: dict, requests: int, seed: int) -> None:
                                     if stages else {})
         ok = [r for run in cell["live_runs"] for r in loaded_records(run["records"], reqs) if r.ok]
         cell["live_spread"] = spread([r.ttft for r in ok], [r.tpot for r in ok])
-        cell["sim"] = sim_cell(layout, profile, reqs, slo, share, cores)
+        cell["sim"] = sim_cell(layout, profile, reqs, slo, share, cores, before)
         cell["error"] = relative(cell["sim"], cell["live_mean"])
-        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores)
+        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores, before)
         cell["error_pooled"] = relative(cell["sim_pooled"], cell["live_mean"])
         cell["within_10pct"] = all(e is not None and abs(e) <= 0.10 for e in cell["error"].values())
 

@@ -105,7 +105,8 @@ class Cluster:
     def __init__(self, deployment: Deployment, service: ServiceTimes, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int, coast: bool,
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
-                 stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share") -> None:
+                 stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
+                 relay_per_step: bool = False, offload_routed_before: int = 0) -> None:
         self.deployment = deployment
         self.coast = coast
         """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
@@ -133,8 +134,10 @@ class Cluster:
                 if node.role == "E+P":
                     gpu = gpus[name] = SharedGPU(self.events, SMPartition(node.tpcs or default_tpcs,
                                                                           deployment.partition), usage)
+                router = OffloadRouter(deployment.offload.s)
+                router.continue_after(offload_routed_before)
                 self.encoders.append(EncodeNode(
-                    self, usage, node.host, make_batch_policy(deployment.batch), OffloadRouter(deployment.offload.s),
+                    self, usage, node.host, make_batch_policy(deployment.batch), router,
                     gpu, WorkStealing(ws_cfg) if steals else None, lanes.get(name)))
                 continue
             llm = LLMNode(self, usage, node.host, LLM_ROLE_OF_NODE[node.role], lanes.get(name))
@@ -142,7 +145,8 @@ class Cluster:
         self.has_remote_prefill = bool(self.remote_prefill)
         self.saturation_load = deployment.offload.saturation_load
         self.stack = Stack(self.events, service, self._stack_cores(stack_cores or {}, lanes, gpus),
-                           idlest=stack_placement == "idlest")
+                           idlest=stack_placement in ("idlest", "float"), floating=stack_placement == "float",
+                           relay_per_step=relay_per_step)
 
     def _stack_cores(self, shares: Mapping[str, float], lanes: dict[str, CoreLane],
                      gpus: dict[str, SharedGPU]) -> list[StackCore]:
@@ -249,7 +253,8 @@ class Simulator:
     def __init__(self, deployment: Deployment, service: ServiceTimes, *, kv_bytes_per_token: int,
                  embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True,
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
-                 stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share") -> None:
+                 stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
+                 relay_per_step: bool = False, offload_routed_before: int = 0) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -274,12 +279,25 @@ class Simulator:
         self.stack_cores = dict(stack_cores or {})
         """Node -> share of the coordinator's CPU spent on that node's core (sim_stack.py; shares are
         normalised, nodes on one core pool theirs); empty: its hops are delays."""
-        if stack_placement not in ("share", "idlest"):
-            raise ValueError(f"stack_placement must be 'share' or 'idlest', got {stack_placement!r}")
+        if stack_placement not in ("share", "idlest", "float"):
+            raise ValueError(f"stack_placement must be 'share', 'idlest' or 'float', got {stack_placement!r}")
+        if offload_routed_before < 0:
+            raise ValueError(f"offload_routed_before must be >= 0, got {offload_routed_before!r}")
+        self.relay_per_step = relay_per_step
+        """With stack cores: the token relay's CPU (stack_cpu_s per token) is charged once per engine step
+        that published tokens, however many sequences it decoded: the worker publishes a step's tokens in
+        one Redis round trip and the coordinator reads them in one XREAD (replies.py). False: per token."""
+        self.offload_routed_before = offload_routed_before
+        """Prefills each encode node's OffloadRouter routed before this run: a live cluster's router keeps
+        its deterministic line across requests (offload.py), so a replay after N earlier image requests
+        (probes, a warm-up) starts N decisions in; 0: a fresh router."""
         self.stack_placement: StackPlacement = stack_placement
         """How the stack's jobs spread over its cores: "share" runs each job's share on each core (the
         measured proportion); "idlest" runs each job whole on the core with the fewest busy workers as it
-        starts, as the OS places a woken floating process (shares only break ties)."""
+        starts, as the OS places a woken floating process (shares only break ties); "float" is "idlest"
+        whose running job also moves, once everything due at an instant has run, to a core with fewer other
+        busy lanes than its own: the OS pulls a runnable floating process onto a freer core (load balancing),
+        so it is not time-sliced with a worker that merely started its next step while another core idles."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -296,7 +314,7 @@ class Simulator:
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
                           self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
-                          self.stack_placement)
+                          self.stack_placement, self.relay_per_step, self.offload_routed_before)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
 

@@ -59,6 +59,8 @@ class _LaneSet:
         self.events = events
         self.name = name
         self.lanes: list[_Lane] = []
+        self.watchers: list[Callable[[], None]] = []
+        """Called whenever a lane here starts or stops (sim_stack: floating jobs look for a freer core)."""
 
     def _speeds(self) -> list[float]:
         """Each lane's share of the processor now, in lane order."""
@@ -74,6 +76,23 @@ class _LaneSet:
         lane.busy, lane.work_left, lane.speed, lane.since, lane.started = True, work_s, 0.0, now, now
         lane.scheduled, lane.done = False, (done, arg)
         self._reflow(now)
+        self._changed()
+
+    def _changed(self) -> None:
+        for watch in self.watchers:
+            watch()
+
+    def _stop(self, lane: _Lane) -> tuple[float, Callable[[Any], None], Any]:
+        """Take a lane's job away unfinished: (seconds of work left, its done, its arg); it never finishes here."""
+        now = self.events.now
+        lane.work_left = max(0.0, lane.work_left - (now - lane.since) * lane.speed)
+        lane.busy = lane.scheduled = False
+        lane.version += 1
+        done, lane.done = lane.done, None
+        assert done is not None
+        self._reflow(now)
+        self._changed()
+        return lane.work_left, done[0], done[1]
 
     def _reflow(self, now: float) -> None:
         for lane, speed in zip(self.lanes, self._speeds()):
@@ -98,6 +117,7 @@ class _LaneSet:
         self._finished(lane, now)
         done, lane.done = lane.done, None
         self._reflow(now)
+        self._changed()
         assert done is not None
         done[0](done[1])
 
@@ -181,6 +201,10 @@ class CoreLane:
     def run(self, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
         """Run `work_s` seconds of work (at the whole core); `done(arg)` when it is through."""
         self.core._start(self.lane, work_s, done, arg)
+
+    def stop(self) -> tuple[float, Callable[[Any], None], Any]:
+        """Take the running job off this lane (to run the rest elsewhere): (work left, done, arg)."""
+        return self.core._stop(self.lane)
 
 
 class SharedCore(_LaneSet):

@@ -130,7 +130,7 @@ class Coast:
             return
         ends, seconds = self._ends, self._seconds
         self._ends, self._seconds = [], []
-        self.engine.cluster.stack.tokens(sum(self._batches))  # the coast's tokens, relayed at its end
+        self.engine.cluster.stack.tokens(sum(self._batches), len(self._batches))  # the coast's tokens, relayed at its end
         self._batches = []
         self.on_end(ends, seconds)
 

@@ -37,7 +37,7 @@ from coordinator.planner.sim_engine import Flight
 from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane
 
-StackPlacement = Literal["share", "idlest"]
+StackPlacement = Literal["share", "idlest", "float"]
 """How the stack's jobs spread over its cores (Simulator.stack_placement)."""
 
 
@@ -70,6 +70,8 @@ class _Fifo:
         self.busy = False
         self.charged: dict[str, float] = {}
         """Work run per processor (its name), in seconds at the whole processor."""
+        self.running: CoreLane | None = None
+        """("idlest") The lane the current job runs on."""
 
     def submit(self, work_s: float, done: Callable[[Any], None] | None, arg: Any = None) -> None:
         self.jobs.append((work_s, done, arg))
@@ -84,19 +86,40 @@ class _Fifo:
     def _piece(self, job: tuple[int, float, Callable[[Any], None] | None, Any]) -> None:
         i, work, done, arg = job
         if self.idlest:
-            lane = min(self.pieces, key=lambda p: (_others_busy(p[0]), -p[1]))[0]
+            lane = self._idlest()
             self._charge(lane, work)
+            self.running = lane
             lane.run(work, self._ran, (len(self.pieces) - 1, work, done, arg))
             return
         lane, share = self.pieces[i]
         self._charge(lane, work * share)
         lane.run(work * share, self._ran, (i, work, done, arg))
 
+    def _idlest(self) -> CoreLane:
+        return min(self.pieces, key=lambda p: (_others_busy(p[0]), -p[1]))[0]
+
+    def migrate(self) -> None:
+        """("idlest") Move the running job to a core with fewer other busy lanes than its own, if there is
+        one: the OS pulls a runnable floating process onto a core that has less to run (load balancing),
+        so it does not stay time-sliced with a pinned worker while another of its cores has room."""
+        lane = self.running
+        if lane is None or not lane.busy:
+            return
+        best = self._idlest()
+        if best is lane or _others_busy(best) >= _others_busy(lane):
+            return
+        left, done, arg = lane.stop()
+        self._charge(lane, -left)
+        self._charge(best, left)
+        self.running = best
+        best.run(left, done, arg)
+
     def _charge(self, lane: CoreLane, work: float) -> None:
         self.charged[lane.core.name] = self.charged.get(lane.core.name, 0.0) + work
 
     def _ran(self, job: tuple[int, float, Callable[[Any], None] | None, Any]) -> None:
         i, work, done, arg = job
+        self.running = None
         if i + 1 < len(self.pieces):
             self._piece((i + 1, work, done, arg))
             return
@@ -118,8 +141,10 @@ class Stack:
     """The coordinator's two hops for every request, as delays or on cores (module docstring)."""
 
     def __init__(self, events: EventQueue, service: ServiceTimes, cores: Sequence[StackCore] = (),
-                 idlest: bool = False) -> None:
+                 idlest: bool = False, floating: bool = False, relay_per_step: bool = False) -> None:
         self.events = events
+        self.relay_per_step = relay_per_step
+        """Charge the token relay's CPU once per engine step that published tokens, not per token."""
         self.way_in_s, self.way_out_s = hop_times(service)
         cpu = getattr(service, "stack_cpu_s", None)
         per_request = cpu(0) if cpu is not None else 0.0
@@ -133,7 +158,24 @@ class Stack:
         self._node_of = {c.hops.core.name: c.node for c in cores}
         self._rest = [_Fifo([(c.rest, c.share)]) for c in cores] if not idlest else (
             [_Fifo([(c.rest, c.share) for c in cores], idlest)] if cores else [])
-        """The stack's other CPU, one queue per core."""
+        """The stack's other CPU, one queue per core ("idlest": one queue over all of them)."""
+        self._rebalancing = False
+        if floating and idlest and len(cores) > 1:
+            for proc in {id(c.hops.core): c.hops.core for c in cores}.values():
+                proc.watchers.append(self._lanes_changed)
+
+    def _lanes_changed(self) -> None:
+        """A lane on one of the stack's cores started or stopped: once everything due at this instant has
+        run (a worker that finished a step starts its next one at the same instant), let the floating jobs
+        move to a freer core (_Fifo.migrate)."""
+        if not self._rebalancing:
+            self._rebalancing = True
+            self.events.at(self.events.now, self._rebalance)
+
+    def _rebalance(self, _: object = None) -> None:
+        self._rebalancing = False
+        for fifo in ([self._hops] if self._hops else []) + self._rest:
+            fifo.migrate()
 
     def cpu_by_core(self) -> dict[str, float]:
         """Stack CPU seconds run on each core so far (StackCore.node names it), hops included."""
@@ -152,9 +194,10 @@ class Stack:
         """The first token exists now (record.first_token): the client gets it after the way out."""
         self._hop(self.way_out_s, self._first_delivered, flight)
 
-    def tokens(self, n: int) -> None:
-        """An engine produced `n` tokens now: the stack's CPU for relaying them."""
-        self._charge(n * self.token_cpu_s)
+    def tokens(self, n: int, steps: int = 1) -> None:
+        """An engine produced `n` tokens now, in `steps` steps: the stack's CPU for relaying them, per token,
+        or with `relay_per_step` per step that published any (module docstring)."""
+        self._charge((min(n, steps) if self.relay_per_step else n) * self.token_cpu_s)
 
     def finished(self, flight: Flight) -> None:
         """The last token exists now (record.finish): relayed like the first; the rest of the stack's

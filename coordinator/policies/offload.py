@@ -125,6 +125,13 @@ class OffloadRouter:
             local, remote = room(local_loads), room(remote_loads)
         return self.route(local, remote)
 
+    def continue_after(self, decisions: int) -> None:
+        """Continue the line as if `decisions` both-available prefills had been routed since s was set (a
+        router that served earlier requests; counts and realised_share are left as they are)."""
+        if decisions < 0:
+            raise ValueError(f"decisions must be >= 0, got decisions={decisions!r}")
+        self._phase = (self._phase + decisions) % self._share.denominator
+
     def _next_is_local(self) -> bool:
         p, q = self._share.numerator, self._share.denominator
         n = self._phase
