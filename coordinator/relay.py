@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from coordinator.flights import RelayTimeout
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import TokenEvent
-from coordinator.protocol.streams import parse_token_event
+from coordinator.protocol.streams import parse_token_events
 
 
 async def token_events(redis: Redis, keys: Keys, request_id: str, timeout_s: float) -> AsyncIterator[TokenEvent]:
@@ -27,9 +27,9 @@ async def token_events(redis: Redis, keys: Keys, request_id: str, timeout_s: flo
         for _key, entries in resp or []:
             for entry_id, fields in entries:
                 last = entry_id
-                ev = parse_token_event(fields)
-                if ev.holder is not None:  # a hand-off notice, not output (the coordinator's failover uses it)
-                    continue
-                yield ev
-                if ev.finish_reason is not None:
-                    return
+                for ev in parse_token_events(fields):
+                    if ev.holder is not None:  # a hand-off notice, not output (the coordinator's failover uses it)
+                        continue
+                    yield ev
+                    if ev.finish_reason is not None:
+                        return

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from coordinator.flights import FlightBook
 from coordinator.protocol.process import honour_cancel
-from coordinator.protocol.streams import parse_token_event
+from coordinator.protocol.streams import parse_token_events
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 1000
@@ -40,9 +40,16 @@ async def read_replies(redis: Redis, key: str, book: FlightBook, backoff_s: floa
                 for entry_id, fields in entries:
                     last = entry_id
                     try:
-                        book.route(parse_token_event(fields))
+                        events = parse_token_events(fields)
                     except Exception as e:  # a malformed entry must not stop every request's relay
                         log.error("dropping malformed reply", extra={"entry": str(entry_id), "error": str(e)})
+                        continue
+                    for ev in events:
+                        try:
+                            book.route(ev)
+                        except Exception as e:  # nor one event another request's
+                            log.error("dropping a reply event that could not be routed",
+                                      extra={"entry": str(entry_id), "request_id": ev.request_id, "error": str(e)})
                 if entries:
                     trim = last
             if failing:

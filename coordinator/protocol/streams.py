@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from pydantic import TypeAdapter
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -20,6 +21,9 @@ JOB_STREAM_MAXLEN = 100_000
 re-run by the coordinator once it noticed, but it should never come to that)."""
 REPLY_STREAM_MAXLEN = 1_000_000
 """A safety cap only: the coordinator trims what it has read."""
+_EVENTS = TypeAdapter(list[TokenEvent])
+"""A reply-stream entry: the events one write sent to that stream (one engine step's, for all the requests on
+that stream), in order. One entry per stream per step, not per token: a step of 30 sequences is one XADD."""
 
 
 def job_fields(job: Job) -> dict:
@@ -125,8 +129,9 @@ class JobStream:
             await pipe.execute()
 
 
-def parse_token_event(fields: dict) -> TokenEvent:
-    return TokenEvent.model_validate_json(fields[_FIELD_B])
+def parse_token_events(fields: dict) -> list[TokenEvent]:
+    """The events of one reply-stream entry, in the order they were published."""
+    return _EVENTS.validate_json(fields[_FIELD_B])
 
 
 def _add_event(pipe, key: str, ev: TokenEvent) -> None:
@@ -134,11 +139,14 @@ def _add_event(pipe, key: str, ev: TokenEvent) -> None:
 
 
 def _add_events(pipe, events: list[tuple[str, TokenEvent]]) -> None:
+    by_key: dict[str, list[TokenEvent]] = {}
     for key, ev in events:
-        pipe.xadd(key, {FIELD: ev.model_dump_json(exclude_defaults=True)}, maxlen=REPLY_STREAM_MAXLEN, approximate=True)
-    # Every write renews the TTL, once per stream written (a step's events mostly go to one coordinator's): a
-    # stream whose reader left (and deleted it) cannot live forever.
-    for key in dict.fromkeys(key for key, _ in events):
+        by_key.setdefault(key, []).append(ev)
+    for key, evs in by_key.items():
+        pipe.xadd(key, {FIELD: _EVENTS.dump_json(evs, exclude_defaults=True)}, maxlen=REPLY_STREAM_MAXLEN,
+                  approximate=True)
+        # Every write renews the TTL (a step's events mostly go to one coordinator's stream): a stream whose
+        # reader left (and deleted it) cannot live forever.
         pipe.expire(key, TOKEN_STREAM_TTL_S)
 
 

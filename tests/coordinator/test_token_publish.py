@@ -1,5 +1,5 @@
-"""publish_tokens: one step's events in one round trip, in order per stream, each stream written given its TTL
-once (not once per event)."""
+"""publish_tokens: one step's events in one round trip, one entry per stream holding that stream's events in order,
+each stream written given its TTL once (not once per event)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from redis.asyncio import Redis
 
 from coordinator.protocol.messages import TokenEvent
-from coordinator.protocol.streams import TOKEN_STREAM_TTL_S, parse_token_event, publish_tokens
+from coordinator.protocol.streams import TOKEN_STREAM_TTL_S, parse_token_events, publish_tokens
 
 pytestmark = pytest.mark.redis
 
@@ -17,18 +17,22 @@ async def test_one_step_reaches_each_stream_in_order_with_one_ttl_renewal_per_st
     a, b = f"{key_prefix}:replies:a", f"{key_prefix}:replies:b"
     events = [(a, TokenEvent(request_id="r1", index=0, token_ids=[5])), (b, TokenEvent(request_id="r2", index=0, token_ids=[6])),
               (a, TokenEvent(request_id="r3", index=0, token_ids=[7])), (a, TokenEvent(request_id="r1", index=1, token_ids=[8]))]
-    calls_before = await _expire_calls(r)
+    expires_before, xadds_before = await _calls(r, "expire"), await _calls(r, "xadd")
     try:
         await publish_tokens(r, events)
-        assert [parse_token_event(f).request_id for _, f in await r.xrange(a)] == ["r1", "r3", "r1"]
-        assert [parse_token_event(f).token_ids for _, f in await r.xrange(b)] == [[6]]
+        entries_a, entries_b = await r.xrange(a), await r.xrange(b)
+        assert len(entries_a) == len(entries_b) == 1  # one entry per stream, not one per event
+        assert [(e.request_id, e.token_ids) for e in parse_token_events(entries_a[0][1])] == [
+            ("r1", [5]), ("r3", [7]), ("r1", [8])]
+        assert [e.token_ids for e in parse_token_events(entries_b[0][1])] == [[6]]
         for key in (a, b):
             assert 0 < await r.ttl(key) <= TOKEN_STREAM_TTL_S
-        assert await _expire_calls(r) - calls_before == 2  # one per stream, not one per event (4)
+        assert await _calls(r, "expire") - expires_before == 2  # one per stream, not one per event (4)
+        assert await _calls(r, "xadd") - xadds_before == 2
     finally:
         await r.delete(a, b)
         await r.aclose()
 
 
-async def _expire_calls(r: Redis) -> int:
-    return int((await r.info("commandstats")).get("cmdstat_expire", {}).get("calls", 0))
+async def _calls(r: Redis, command: str) -> int:
+    return int((await r.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0))

@@ -16,7 +16,7 @@ from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import JOB_ADAPTER, DecodeJob, PrefillJob, SamplingParams, WorkerInfo
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.registry import WorkerRegistry
-from coordinator.protocol.streams import FIELD, parse_token_event
+from coordinator.protocol.streams import FIELD, parse_token_events
 from llm_node.handoff import HandoffError, KVHandoff
 from transport.registry import make_receiver, make_sender
 
@@ -71,7 +71,7 @@ async def stream_jobs(redis: Redis, keys: Keys, worker_id: str) -> list[DecodeJo
 async def handed_to(redis: Redis, keys: Keys, worker_id: str, rid: str) -> list:
     """The jobs on `worker_id`'s stream, and the holder that the request's reply stream names."""
     jobs = await stream_jobs(redis, keys, worker_id)
-    events = [parse_token_event(f) for _, f in await redis.xrange(keys.tokens(rid))]
+    events = [e for _, f in await redis.xrange(keys.tokens(rid)) for e in parse_token_events(f)]
     return [(j.kind, j.request_id, len(j.kv)) for j in jobs] + [e.holder.worker_id for e in events if e.holder]
 
 
