@@ -63,20 +63,43 @@ ENGINE = EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096, pad_to_longe
 LOAD_REPORT_S = 0.5
 """Live workers report their load with each heartbeat (coordinator/protocol/registry.py: every TTL / 4 =
 0.5 s), and the encode worker routes and steals on those reports."""
-STACK_PLACEMENT = "idlest"
+STACK_PLACEMENT = "float"
 """Simulator(stack_placement=...): each stack job on the core with the fewest busy workers as it starts
-(the OS waking the floating coordinator on an idle core). "share" (each job split by the measured shares,
+(the OS waking the floating coordinator on an idle core), moved to a freer core once one is ("float", the
+OS's load balancing; "idlest" keeps it where it started). "share" (each job split by the measured shares,
 stack_shares) was judged too (2026-12-02): fewer cells within 10 % (sim_fidelity_layouts.md)."""
 
-RELAY_PER_STEP = False
+RELAY_PER_STEP = True
 """Simulator(relay_per_step=...): the stack's token-relay CPU per engine step that published tokens (the
 adaptive layout's live CPU time fits 9.8 ms a request + 0.9 ms a step across its three rates), not per token."""
 IMAGE_REQUESTS_BEFORE = 1 + 20
 """Image requests the live cluster's encoder routed before a layout's first measured run: the replayer's
 one image probe (PromptSizer.calibrate) and the warm-up (sim_fidelity_live.run_layout); every measured
 run then adds its own. Simulator(offload_routed_before=...) continues the OffloadRouter's line from there."""
-ROUTED_BEFORE = False
+ROUTED_BEFORE = True
 """Simulate each cell with the live router's line continued (IMAGE_REQUESTS_BEFORE); False: a fresh router."""
+WAKE_AFFINE = False
+"""Simulator(wake_affine=...): with no freer core, the stack work a worker's event wakes (its tokens' relay,
+their way out) runs on that worker's core, as Linux places a woken task, not on the core with the larger
+measured share. Off: the live per-core CPU split (stealing, adaptive) cannot tell (core 0's share off by
+0.041 on average with it, 0.042 without; closer in 4 of 6 cells) and one cell moves past 10 %
+(epd 6 req/s TPOT -10.00 % -> -10.04 %; sim_fidelity_layouts.md)."""
+COORDINATOR_LOOP = True
+"""Simulator(stack_loop_share=...): the coordinator's share of the stack's CPU beyond its hops runs in its one
+event loop with the hops (coordinator_share); False: beside them. The coordinator is one asyncio loop; on the
+stage it lengthens, to_encode, the simulation moves toward live (mean |sim - live| over the 12 cells 2.50 ->
+2.35 ms; stealing 9 req/s 14.4 -> 15.5, live 19.1), to_client barely (1.03 -> 1.12 ms; sim_fidelity_layouts.md)."""
+STACK_PREEMPTS = False
+"""Simulator(stack_preempts=...): the stack's jobs (chains of brief wake-ups) run before the pinned workers on
+their core, as the OS scheduler lets briefly woken tasks preempt; False: they share the core equally. Off: on
+this host only ~1-3 ms of a woken job runs ahead of a busy process (4-8 ms jobs took 1.5-1.7x), and running
+whole hops first moves both hop stages away from live (mean |sim - live| to_client 1.03 -> 1.84 ms, to_encode
+2.50 -> 2.77 ms; stealing 3 req/s to_client 7.9 ms, live 9.8)."""
+COORDINATOR_SHARE = 0.558
+"""The coordinator's share of the CPU of the processes not pinned to a core (coordinator, Redis, the client):
+the adaptive layout's six runs sampled CPU time per process (cpu_by_core_method "cpu_time"), 0.548-0.566 at
+3/7/11 req/s, mean 0.558; the other layouts' runs did not sample CPU time (stealing's "runnable" samples give
+0.46-0.55 for coordinator / (Redis + coordinator + client)). Used where a layout's own runs did not measure it."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +166,7 @@ LAYOUTS = {l.name: l for l in (
 
 def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None,
              stack_cores: dict[str, float] | None = None, placement: str | None = None,
-             routed_before: int = 0) -> SimResult:
+             routed_before: int = 0, loop_share: float = COORDINATOR_SHARE) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
     measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
     (stack_shares), evenly over `layout.core_nodes` when not given."""
@@ -156,7 +179,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
                     load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
-                    stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP,
+                    stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP, wake_affine=WAKE_AFFINE,
+                    stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
                     offload_routed_before=routed_before if ROUTED_BEFORE else 0)
     return sim.run(requests)
 
@@ -175,8 +199,9 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
              hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None,
-             routed_before: int = 0) -> dict:
-    result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before)
+             routed_before: int = 0, loop_share: float = COORDINATOR_SHARE) -> dict:
+    result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before,
+                      loop_share=loop_share)
     total = sum(result.stack_cpu_s.values())
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
@@ -223,6 +248,7 @@ def judge(report: dict, requests: int, seed: int) -> None:
     pooled = pool_profiles([Profile.model_validate(p) for p in report["profiles"]])
     share = report["hop_in_share"] = hop_in_share(report)
     cores = report["stack_cores_simulated"] = stack_shares(report, layout)
+    loop = report["coordinator_share"] = coordinator_share(report)
     report.pop("stack_core_simulated", None)
     for i, cell in enumerate(report["cells"]):
         before = IMAGE_REQUESTS_BEFORE + 2 * requests * i  # both runs of every earlier rate (run 2: + requests)
@@ -241,9 +267,9 @@ def judge(report: dict, requests: int, seed: int) -> None:
                                     if stages else {})
         ok = [r for run in cell["live_runs"] for r in loaded_records(run["records"], reqs) if r.ok]
         cell["live_spread"] = spread([r.ttft for r in ok], [r.tpot for r in ok])
-        cell["sim"] = sim_cell(layout, profile, reqs, slo, share, cores, before)
+        cell["sim"] = sim_cell(layout, profile, reqs, slo, share, cores, before, loop)
         cell["error"] = relative(cell["sim"], cell["live_mean"])
-        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores, before)
+        cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores, before, loop)
         cell["error_pooled"] = relative(cell["sim_pooled"], cell["live_mean"])
         cell["within_10pct"] = all(e is not None and abs(e) <= 0.10 for e in cell["error"].values())
 
@@ -259,6 +285,21 @@ def hop_in_share(report: dict) -> float | None:
         return None
     way_in = sum(s["to_encode"] for s in stages)
     return round(way_in / (way_in + sum(s["to_client"] for s in stages)), 4)
+
+
+def coordinator_share(report: dict) -> float:
+    """The coordinator's share of the CPU time of the processes not pinned to a core (coordinator, Redis, the
+    client), over the layout's runs that sampled CPU time per process; COORDINATOR_SHARE when none did."""
+    own = total = 0.0
+    for cell in report["cells"]:
+        for run in cell["live_runs"]:
+            groups = run.get("cpu_by_core") or {}
+            if run.get("cpu_by_core_method", "cpu_time") == "runnable" or "coordinator" not in groups:
+                continue
+            cpu = {g: sum(groups.get(g, {}).values()) for g in ("coordinator", "stack", "replayer")}
+            own += cpu["coordinator"]
+            total += sum(cpu.values())
+    return round(own / total, 4) if total else COORDINATOR_SHARE
 
 
 def stack_shares(report: dict, layout: Layout) -> dict[str, float]:

@@ -21,17 +21,34 @@ def markdown(result: dict) -> str:
                    "on each rate's own bracketing profiles; target |error| <= 10 %. Cells in **bold** miss it. "
                    "The coordinator's hops are simulated explicitly (sim_stack.py): the way in delays the request's "
                    "arrival at the encoder, the way out its first and last token; they and the rest of the "
-                   "stack's measured CPU (per request at its finish, per token as the tokens are produced) run on "
-                   "the cluster's cores beside the workers (an E+P node's core included): each job whole on the "
-                   "core with the fewest busy workers as it starts (stack_placement 'idlest'; the live runs' "
-                   "per-core split of the stack's CPU, where sampled, only breaks ties). "
+                   "stack's measured CPU (per request at its finish, the token relay per engine step that "
+                   "published tokens) run on the cluster's cores beside the workers (an E+P node's core "
+                   "included), time-shared with them equally: each job whole on the core with the fewest busy "
+                   "workers as it starts, moved to a freer core once one is (stack_placement 'float'); with no "
+                   "freer core the live runs' per-core split of the stack's CPU (where sampled) breaks the tie, "
+                   "or, with wake_affine, the core of the worker whose step woke the job. With stack_loop_share the "
+                   "coordinator's part of that CPU (the layout's coordinator_share, measured CPU time by process) "
+                   "runs in the hops' own queue, as the coordinator is one event loop. Each encoder's "
+                   "offload router continues the line of the image requests the live cluster routed before the "
+                   "run (probe, warm-up, earlier runs). "
                    "The hops' size is the profile's request_latency_s; their in/out split is the layout's "
                    "hop_in_share, from the lowest rate's live per-hop marks (these profiles predate request_in_s)."),
-          ""]
+          "", _switches(), ""]
     lines += result.get("findings", [])
     for rep in result["layouts"]:
         lines += layout_section(rep)
     return "\n".join(lines) + "\n"
+
+
+def _switches() -> str:
+    """The simulator's live mechanisms as this report ran them (sim_fidelity_layouts' switches)."""
+    import benchmarks.sim_fidelity_layouts as L
+
+    on = {"stack_placement": L.STACK_PLACEMENT, "relay_per_step": L.RELAY_PER_STEP,
+          "offload_routed_before": L.ROUTED_BEFORE, "wake_affine": L.WAKE_AFFINE,
+          "stack_loop_share (coordinator's one event loop)": L.COORDINATOR_LOOP,
+          "stack_preempts": L.STACK_PREEMPTS}
+    return "Simulator switches: " + ", ".join(f"{k} {v}" for k, v in on.items()) + "."
 
 
 def layout_section(rep: dict) -> list[str]:

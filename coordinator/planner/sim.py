@@ -106,8 +106,10 @@ class Cluster:
                  embedding_bytes_per_token: int, default_tpcs: int, coast: bool,
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
-                 relay_per_step: bool = False, offload_routed_before: int = 0) -> None:
+                 relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
+                 stack_loop_share: float = 0.0, stack_preempts: bool = False) -> None:
         self.deployment = deployment
+        self.stack_preempts = stack_preempts
         self.coast = coast
         """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
         self.load_report_s = load_report_s
@@ -144,9 +146,11 @@ class Cluster:
             (self.decoders if node.role == "D" else self.remote_prefill).append(llm)
         self.has_remote_prefill = bool(self.remote_prefill)
         self.saturation_load = deployment.offload.saturation_load
+        wakers = {n: gpus[n] if n in gpus else lanes[n].core for n in deployment.names if n in gpus or n in lanes}
         self.stack = Stack(self.events, service, self._stack_cores(stack_cores or {}, lanes, gpus),
                            idlest=stack_placement in ("idlest", "float"), floating=stack_placement == "float",
-                           relay_per_step=relay_per_step)
+                           relay_per_step=relay_per_step, wakers=wakers if wake_affine else None,
+                           loop_share=stack_loop_share)
 
     def _stack_cores(self, shares: Mapping[str, float], lanes: dict[str, CoreLane],
                      gpus: dict[str, SharedGPU]) -> list[StackCore]:
@@ -159,7 +163,8 @@ class Cluster:
             assert isinstance(proc, (SharedCore, SharedGPU))
             _, before, first = by_core.get(id(proc), (proc, 0.0, name))
             by_core[id(proc)] = (proc, before + share / total, first)
-        return [StackCore(proc.lane("stack hops"), proc.lane("stack"), share, node)
+        first = self.stack_preempts
+        return [StackCore(proc.lane("stack hops", first), proc.lane("stack", first), share, node)
                 for proc, share, node in by_core.values()]
 
     def _core_lanes(self, shared_cores: Sequence[Collection[str]], stack_cores: Mapping[str, float]
@@ -254,7 +259,8 @@ class Simulator:
                  embedding_bytes_per_token: int, default_tpcs: int = 64, coast: bool = True,
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
-                 relay_per_step: bool = False, offload_routed_before: int = 0) -> None:
+                 relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
+                 stack_loop_share: float = 0.0, stack_preempts: bool = False) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -291,6 +297,27 @@ class Simulator:
         """Prefills each encode node's OffloadRouter routed before this run: a live cluster's router keeps
         its deterministic line across requests (offload.py), so a replay after N earlier image requests
         (probes, a warm-up) starts N decisions in; 0: a fresh router."""
+        self.wake_affine = wake_affine
+        """With stack_placement "idlest" or "float": when no core has fewer other busy lanes than the rest, a
+        stack job a worker's event woke (the relay of its tokens, the way out of its first and last token,
+        the finished request's rest) runs on that worker's core, not on the core with the larger share:
+        Linux wakes a task on the waker's CPU or its previous one when no CPU of the cache domain is idle
+        (select_task_rq_fair: wake_affine, select_idle_sibling), and the relay chain (worker -> Redis ->
+        coordinator -> client) is woken from the worker's core. False: ties go to the larger share."""
+        if not 0.0 <= stack_loop_share <= 1.0:
+            raise ValueError(f"stack_loop_share must be in [0, 1], got {stack_loop_share!r}")
+        self.stack_loop_share = stack_loop_share
+        """With stack cores: the coordinator's share of the stack's relay and per-request CPU (the rest is
+        Redis and the client). The coordinator is one asyncio event loop: that share runs in the hops' queue,
+        so under load a request's way in and its tokens' way out wait behind relaying (sim_stack.py)."""
+        self.stack_preempts = stack_preempts
+        """With stack cores: the stack's lanes run before the workers on their core (the workers wait while
+        a stack job runs), not beside them at an equal share. Its hops and relay are chains of brief
+        wake-ups (worker -> Redis -> coordinator -> client), and Linux's scheduler lets a briefly woken task
+        preempt one that computes continuously: on this host (kernel 6.18, EEVDF) a 1 ms job woken beside a
+        busy process ran at full speed while a 16-32 ms one ran at half (benchmarks/results/
+        sim_fidelity_layouts.md). The workers lose the same CPU either way; what changes is who waits: the
+        hops stop growing with the workers' load. False: processor sharing."""
         self.stack_placement: StackPlacement = stack_placement
         """How the stack's jobs spread over its cores: "share" runs each job's share on each core (the
         measured proportion); "idlest" runs each job whole on the core with the fewest busy workers as it
@@ -314,7 +341,8 @@ class Simulator:
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
                           self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
-                          self.stack_placement, self.relay_per_step, self.offload_routed_before)
+                          self.stack_placement, self.relay_per_step, self.offload_routed_before, self.wake_affine,
+                          self.stack_loop_share, self.stack_preempts)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
 

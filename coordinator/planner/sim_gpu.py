@@ -35,10 +35,14 @@ from coordinator.policies.sm_partition import SMPartition, TPCSplit
 
 
 class _Lane:
-    __slots__ = ("stage", "busy", "work_left", "speed", "since", "started", "version", "scheduled", "done")
+    __slots__ = ("stage", "busy", "work_left", "speed", "since", "started", "version", "scheduled", "done", "first")
 
-    def __init__(self, stage: str) -> None:
+    def __init__(self, stage: str, first: bool = False) -> None:
         self.stage = stage
+        self.first = first
+        """Runs before the other lanes while busy (lanes with `first` share the processor among themselves;
+        the others wait): a job made of brief wake-ups, which the OS scheduler lets preempt a process that
+        computes continuously (sim_stack.py, Simulator.stack_preempts)."""
         self.busy = False
         self.work_left = 0.0
         """Seconds at the full processor still to run."""
@@ -140,13 +144,13 @@ class SharedGPU(_LaneSet):
         self._busy_since = 0.0
         self._guests: list[_Lane] = []
 
-    def lane(self, name: str) -> CoreLane:
+    def lane(self, name: str, first: bool = False) -> CoreLane:
         """A lane for a job other than the node's two workers (partition mode "none" only: masks would
-        leave it no SMs); its time is not the node's usage."""
+        leave it no SMs); its time is not the node's usage. `first`: it preempts the others (_Lane.first)."""
         if self.partition.config.mode != "none":
             raise ValueError(f"{self.name}: only an unpartitioned (mode='none') E+P processor takes other jobs' "
                              f"lanes; this one has mode={self.partition.config.mode!r}")
-        lane = _Lane(name)
+        lane = _Lane(name, first)
         self._guests.append(lane)
         self.lanes.append(lane)
         return CoreLane(self, lane)
@@ -168,8 +172,7 @@ class SharedGPU(_LaneSet):
     def _speeds(self) -> list[float]:
         enc, pre = self.encoder.busy, self.prefill.busy
         if self.partition.config.mode == "none":
-            busy = sum(lane.busy for lane in self.lanes)
-            return [1.0 / busy if busy else 1.0] * len(self.lanes)
+            return _shares(self.lanes)
         split = self._split if enc and self._split is not None else self._idle_split
         total = self.partition.total_tpcs
         return [split.encoder_tpcs / total, split.prefill_tpcs / total]
@@ -210,12 +213,22 @@ class CoreLane:
 class SharedCore(_LaneSet):
     """A CPU core time-sliced by the workers pinned to it: k busy lanes each run at 1/k."""
 
-    def lane(self, node: str) -> CoreLane:
-        """A lane for node `node`'s worker (its usage is the node's own business)."""
-        lane = _Lane(node)
+    def lane(self, node: str, first: bool = False) -> CoreLane:
+        """A lane for node `node`'s worker (its usage is the node's own business); `first`: it preempts the
+        others (_Lane.first)."""
+        lane = _Lane(node, first)
         self.lanes.append(lane)
         return CoreLane(self, lane)
 
     def _speeds(self) -> list[float]:
-        busy = sum(lane.busy for lane in self.lanes)
-        return [1.0 / busy if busy else 1.0] * len(self.lanes)
+        return _shares(self.lanes)
+
+
+def _shares(lanes: list[_Lane]) -> list[float]:
+    """Processor sharing among the busy lanes that run first (_Lane.first) if any is busy, else among all
+    busy lanes: k of them each run at 1/k; the rest wait (0)."""
+    first = sum(lane.busy and lane.first for lane in lanes)
+    if first:
+        return [1.0 / first if lane.first else 0.0 for lane in lanes]
+    busy = sum(lane.busy for lane in lanes)
+    return [1.0 / busy if busy else 1.0] * len(lanes)

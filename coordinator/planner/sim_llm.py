@@ -57,15 +57,15 @@ class Engine:
     def finish_step(self, plan: StepPlan, now: float) -> StepResult:
         out = self.model.complete(plan)
         stack = self.cluster.stack
-        stack.tokens(plan.decodes + len(out.first_tokens))
+        stack.tokens(plan.decodes + len(out.first_tokens), 1, self.node)
         for f in out.first_tokens:
             f.record.first_token = now
-            stack.first_token(f)
+            stack.first_token(f, self.node)
         for f in out.finished:
             f.record.finish = now
             if not f.record.decode_node:
                 f.record.decode_node = self.node
-            stack.finished(f)
+            stack.finished(f, self.node)
         for f in out.handoffs:
             self.cluster.hand_off_kv(f, self.tier, self.host, now)
         return out
@@ -130,7 +130,7 @@ class Coast:
             return
         ends, seconds = self._ends, self._seconds
         self._ends, self._seconds = [], []
-        self.engine.cluster.stack.tokens(sum(self._batches), len(self._batches))  # the coast's tokens, relayed at its end
+        self.engine.cluster.stack.tokens(sum(self._batches), len(self._batches), self.engine.node)  # the coast's tokens, relayed at its end
         self._batches = []
         self.on_end(ends, seconds)
 

@@ -28,7 +28,7 @@ Two models of them:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,15 +66,18 @@ class _Fifo:
     def __init__(self, pieces: Sequence[tuple[CoreLane, float]], idlest: bool = False) -> None:
         self.pieces = [(lane, share) for lane, share in pieces if share > 0]
         self.idlest = idlest
-        self.jobs: deque[tuple[float, Callable[[Any], None] | None, Any]] = deque()
+        self.jobs: deque[tuple[float, Callable[[Any], None] | None, Any, object]] = deque()
         self.busy = False
         self.charged: dict[str, float] = {}
         """Work run per processor (its name), in seconds at the whole processor."""
         self.running: CoreLane | None = None
         """("idlest") The lane the current job runs on."""
 
-    def submit(self, work_s: float, done: Callable[[Any], None] | None, arg: Any = None) -> None:
-        self.jobs.append((work_s, done, arg))
+    def submit(self, work_s: float, done: Callable[[Any], None] | None, arg: Any = None,
+               waker: object = None) -> None:
+        """`waker`: ("idlest") the processor whose job woke this one: it runs there when no core has fewer
+        other busy lanes (Stack's wake_affine)."""
+        self.jobs.append((work_s, done, arg, waker))
         if not self.busy:
             self._next()
 
@@ -83,20 +86,22 @@ class _Fifo:
         if self.jobs:
             self._piece((0, *self.jobs.popleft()))
 
-    def _piece(self, job: tuple[int, float, Callable[[Any], None] | None, Any]) -> None:
-        i, work, done, arg = job
+    def _piece(self, job: tuple[int, float, Callable[[Any], None] | None, Any, object]) -> None:
+        i, work, done, arg, waker = job
         if self.idlest:
-            lane = self._idlest()
+            lane = self._idlest(waker)
             self._charge(lane, work)
             self.running = lane
-            lane.run(work, self._ran, (len(self.pieces) - 1, work, done, arg))
+            lane.run(work, self._ran, (len(self.pieces) - 1, work, done, arg, waker))
             return
         lane, share = self.pieces[i]
         self._charge(lane, work * share)
-        lane.run(work * share, self._ran, (i, work, done, arg))
+        lane.run(work * share, self._ran, (i, work, done, arg, waker))
 
-    def _idlest(self) -> CoreLane:
-        return min(self.pieces, key=lambda p: (_others_busy(p[0]), -p[1]))[0]
+    def _idlest(self, waker: object = None) -> CoreLane:
+        """The lane whose processor has the fewest other busy lanes; ties: the waker's processor, then the
+        larger share."""
+        return min(self.pieces, key=lambda p: (_others_busy(p[0]), p[0].core is not waker, -p[1]))[0]
 
     def migrate(self) -> None:
         """("idlest") Move the running job to a core with fewer other busy lanes than its own, if there is
@@ -117,11 +122,11 @@ class _Fifo:
     def _charge(self, lane: CoreLane, work: float) -> None:
         self.charged[lane.core.name] = self.charged.get(lane.core.name, 0.0) + work
 
-    def _ran(self, job: tuple[int, float, Callable[[Any], None] | None, Any]) -> None:
-        i, work, done, arg = job
+    def _ran(self, job: tuple[int, float, Callable[[Any], None] | None, Any, object]) -> None:
+        i, work, done, arg, waker = job
         self.running = None
         if i + 1 < len(self.pieces):
-            self._piece((i + 1, work, done, arg))
+            self._piece((i + 1, work, done, arg, waker))
             return
         self._next()
         if done is not None:
@@ -141,8 +146,19 @@ class Stack:
     """The coordinator's two hops for every request, as delays or on cores (module docstring)."""
 
     def __init__(self, events: EventQueue, service: ServiceTimes, cores: Sequence[StackCore] = (),
-                 idlest: bool = False, floating: bool = False, relay_per_step: bool = False) -> None:
+                 idlest: bool = False, floating: bool = False, relay_per_step: bool = False,
+                 wakers: Mapping[str, object] | None = None, loop_share: float = 0.0) -> None:
         self.events = events
+        if not 0.0 <= loop_share <= 1.0:
+            raise ValueError(f"loop_share must be in [0, 1], got {loop_share!r}")
+        self.loop_share = loop_share
+        """(On cores) Share of the stack's relay and per-request CPU that is the coordinator's own: it runs in
+        the coordinator's one event loop, the hops' queue, so a hop waits behind it (and it behind a hop); the
+        rest (Redis, the client) runs beside it. 0: all of it beside the hops."""
+        self.wakers = dict(wakers or {})
+        """("idlest", wake-affine) Node -> its worker's processor: the stack's work a node's event wakes (its
+        tokens' relay, the way out of its first and last token, the finished request's rest) prefers that
+        processor when no core has fewer other busy lanes. Empty: ties go to the larger share."""
         self.relay_per_step = relay_per_step
         """Charge the token relay's CPU once per engine step that published tokens, not per token."""
         self.way_in_s, self.way_out_s = hop_times(service)
@@ -190,29 +206,37 @@ class Stack:
         """The request reaches the coordinator now; `then(flight)` once the encode side has it."""
         self._hop(self.way_in_s, then, flight)
 
-    def first_token(self, flight: Flight) -> None:
-        """The first token exists now (record.first_token): the client gets it after the way out."""
-        self._hop(self.way_out_s, self._first_delivered, flight)
+    def first_token(self, flight: Flight, node: str = "") -> None:
+        """The first token exists now (record.first_token), on node `node`: the client gets it after the
+        way out."""
+        self._hop(self.way_out_s, self._first_delivered, flight, node)
 
-    def tokens(self, n: int, steps: int = 1) -> None:
-        """An engine produced `n` tokens now, in `steps` steps: the stack's CPU for relaying them, per token,
-        or with `relay_per_step` per step that published any (module docstring)."""
-        self._charge((min(n, steps) if self.relay_per_step else n) * self.token_cpu_s)
+    def tokens(self, n: int, steps: int = 1, node: str = "") -> None:
+        """Node `node`'s engine produced `n` tokens now, in `steps` steps: the stack's CPU for relaying them,
+        per token, or with `relay_per_step` per step that published any (module docstring)."""
+        self._charge((min(n, steps) if self.relay_per_step else n) * self.token_cpu_s, node)
 
-    def finished(self, flight: Flight) -> None:
-        """The last token exists now (record.finish): relayed like the first; the rest of the stack's
-        per-request CPU follows on its own lanes."""
-        self._hop(self.way_out_s, self._last_delivered, flight)
-        self._charge(self.request_cpu_s)
+    def finished(self, flight: Flight, node: str = "") -> None:
+        """The last token exists now (record.finish), on node `node`: relayed like the first; the rest of
+        the stack's per-request CPU follows on its own lanes."""
+        self._hop(self.way_out_s, self._last_delivered, flight, node)
+        self._charge(self.request_cpu_s, node)
 
-    def _charge(self, work_s: float) -> None:
-        if work_s > 0:
-            for fifo in self._rest:
-                fifo.submit(work_s, None)
+    def _charge(self, work_s: float, node: str = "") -> None:
+        if work_s <= 0:
+            return
+        waker = self.wakers.get(node)
+        if self._hops is not None and self.loop_share > 0:
+            self._hops.submit(work_s * self.loop_share, None, None, waker)
+            work_s *= 1.0 - self.loop_share
+            if work_s <= 0:
+                return
+        for fifo in self._rest:
+            fifo.submit(work_s, None, None, waker)
 
-    def _hop(self, work_s: float, then: Callable[[Flight], None], flight: Flight) -> None:
+    def _hop(self, work_s: float, then: Callable[[Flight], None], flight: Flight, node: str = "") -> None:
         if self._hops is not None:
-            self._hops.submit(work_s, then, flight)
+            self._hops.submit(work_s, then, flight, self.wakers.get(node))
         elif work_s > 0:
             self.events.at(self.events.now + work_s, then, flight)
         else:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.sim_fidelity import workload
-from benchmarks.sim_fidelity_layouts import LAYOUTS, judge, simulate
+from benchmarks.sim_fidelity_layouts import IMAGE_REQUESTS_BEFORE, LAYOUTS, judge, simulate
 from benchmarks.sim_fidelity_report import markdown
 from coordinator.planner.profile import Profile, pool_profiles
 
@@ -41,12 +41,13 @@ def test_every_layout_simulates_and_uses_its_mechanism(name, profile):
 
 
 def fake_live(layout_name: str, profile: Profile, n: int, seed: int) -> dict:
-    """A layout report whose two 'live' runs are the simulation itself."""
+    """A layout report whose two 'live' runs are the simulation itself (with the router's line where judge
+    continues it: ROUTED_BEFORE)."""
     layout = LAYOUTS[layout_name]
     cells = []
-    for rate in layout.rates:
+    for i, rate in enumerate(layout.rates):
         reqs = workload(rate, profile.encode["image"].tokens_per_item).generate(n, seed=seed)
-        recs = simulate(layout, profile, reqs).records
+        recs = simulate(layout, profile, reqs, routed_before=IMAGE_REQUESTS_BEFORE + 2 * n * i).records
         saved = {"sent": [r.request.arrival for r in recs], "ttft": [r.ttft for r in recs],
                  "e2e": [r.finish - r.request.arrival for r in recs],
                  "output_tokens": [r.request.output_tokens for r in recs], "error": [None] * len(recs)}
