@@ -85,7 +85,11 @@ def breakdown(path: Path, groups: list[tuple[str, re.Pattern]] = GROUPS, other: 
 
 def py_spy() -> str:
     """The py-spy binary: on the PATH, else beside this interpreter (`.venv/bin/pip install py-spy`)."""
-    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit(f"py-spy is not installed (looked on the PATH and for {found}): "
+                         f"{Path(sys.executable).parent / 'pip'} install py-spy")
+    return found
 
 
 def spy_record(pid: int, raw: Path, rate: int, gil: bool, seconds: float | None = None, threads: bool = False) -> list[str]:
