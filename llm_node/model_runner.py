@@ -20,7 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from coordinator.protocol.messages import EncodedMedia
 from llm_node.architectures import adapter_for
-from llm_node.kv import KVLayout, SequenceKV, build_decode_batch, new_positions, split_prefill_cache
+from llm_node.kv import DecodeBatches, KVLayout, SequenceKV, new_positions, split_prefill_cache
 
 
 @dataclass
@@ -54,6 +54,8 @@ class ModelRunner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         """The decoder's name for its KV cache argument: transformers renamed past_key_values to cache, and an
         unknown keyword is swallowed by **kwargs (the cache then stays empty), so it is looked up, not assumed."""
+        self.decode_batches = DecodeBatches()
+        """Each decode step's padded batch, the previous step's reused when the same sequences go on."""
 
     def check_mm(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None,
                  media: list[EncodedMedia] | None = None) -> None:
@@ -144,7 +146,7 @@ class ModelRunner:
         """Feed one token per sequence on top of its cache; the caches themselves are left untouched.
 
         The fed token of a sequence with cache length L sits at position L + its rope delta."""
-        batch = build_decode_batch(kvs, self.config)
+        batch = self.decode_batches.build(kvs, self.config)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)
         inputs = self.model.get_input_embeddings()(ids)
         position_ids = batch.position_ids
