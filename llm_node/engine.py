@@ -137,7 +137,10 @@ class ReferenceEngine:
             raise
         except Exception as e:  # one request's fault must not fail the others in its step
             return self._fail_culprits(plan, e)
-        return self.update(plan, out)
+        outputs = self.update(plan, out)
+        if not self.has_unfinished():  # idle: the kept decode batch (a copy of its KV caches) is not held meanwhile
+            self.runner.decode_batches.clear()
+        return outputs
 
     def _fail_culprits(self, plan: StepPlan, error: Exception) -> list[StepOutput]:
         """The step failed: run each of its sequences alone (execute changes no sequence state), fail those

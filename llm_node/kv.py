@@ -152,6 +152,11 @@ class DecodeBatches:
         self._kvs, self._lengths, self._batch = list(kvs), [kv.length for kv in kvs], batch
         return batch
 
+    @property
+    def keeping(self) -> bool:
+        """Whether a batch (and so a copy of its sequences' caches) is kept."""
+        return self._batch is not None
+
     def clear(self) -> None:
         """Forget the kept batch (its memory goes with it)."""
         self._kvs, self._lengths, self._batch = [], [], None

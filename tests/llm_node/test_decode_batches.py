@@ -61,3 +61,10 @@ def test_a_joining_sequence_or_a_missed_append_rebuilds(tiny):
     out = runner.decode(again.logits.argmax(-1).tolist()[:2], kvs)
     assert runner.decode_batches.reused == before
     assert torch.equal(out.logits, _fresh_decode(runner, again.logits.argmax(-1).tolist()[:2], kvs).logits)
+
+
+def test_an_idle_engine_keeps_no_decode_batch(make_engine, cases, case_request, drive):
+    engine = make_engine("combined")
+    drive(engine, {0: [case_request(cases[0]), case_request(cases[1])]})
+    assert engine.runner.decode_batches.reused > 0  # the two decoded together over several steps
+    assert not engine.has_unfinished() and not engine.runner.decode_batches.keeping
