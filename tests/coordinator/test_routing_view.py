@@ -1,5 +1,6 @@
 """The routing view (coordinator/routing_view.py) on a real Redis: concurrent dispatches share one registry
-scan, a scan is reused only while young, an empty one never, and it routes as WorkerRegistry.alive does."""
+scan, a scan is reused while young, routes while stale with a new scan beside it, is waited for when older, an
+empty one is never reused, and it routes as WorkerRegistry.alive does."""
 
 from __future__ import annotations
 
@@ -50,8 +51,17 @@ async def test_shares_scans_while_young_and_matches_the_registry(redis_url, key_
         await reg.heartbeat(_info("l0", "combined"), 7)
         clock.now += 0.019
         assert (await view.alive(frozenset({"combined"})))[0].load == 3 and view.scans == 3  # still young
-        clock.now += 0.002
-        assert (await view.alive(frozenset({"combined"})))[0].load == 7 and view.scans == 4  # too old: scanned
+        clock.now += 0.002  # past max_age_s, within stale_s: routed on the old view, a scan starts beside it
+        assert (await view.alive(frozenset({"combined"})))[0].load == 3 and view.scans == 3
+        for _ in range(200):  # bounded: the scan is two Redis round trips
+            if view.scans == 4:
+                break
+            await asyncio.sleep(0.005)
+        assert view.scans == 4 and (await view.alive(frozenset({"combined"})))[0].load == 7
+
+        await reg.heartbeat(_info("l0", "combined"), 9)
+        clock.now += view.stale_s + 0.001  # older than stale_s: this request waits for the scan
+        assert (await view.alive(frozenset({"combined"})))[0].load == 9 and view.scans == 5
     finally:
         await redis.aclose()
 
