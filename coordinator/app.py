@@ -86,6 +86,7 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         tasks = [asyncio.create_task(listen_channel(client, keys.encoder_idle, dispatcher.encoder_idle, "encoder-idle")),
                  asyncio.create_task(read_replies(reader, state.reply_key, state.flights)),
                  asyncio.create_task(failover.run()),
+                 asyncio.create_task(state.routing.keep_fresh()),
                  asyncio.create_task(run_monitor(monitor, WorkloadGauges(metrics.registry), lambda: len(state.flights),
                                                  lambda: sum(len(q) for q in dispatcher.queues.values())))]
         # Everything loaded so far (transformers, the processor, the app: ~0.5 M objects) lives as long as the

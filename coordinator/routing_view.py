@@ -7,7 +7,9 @@ The loads in it are what the workers last reported, every heartbeat interval (tt
 so a view a few tens of milliseconds old routes as well as a fresh one. Past `max_age_s` but younger than
 `stale_s` the view is still used, and a scan starts beside the request instead of before it: at light load
 every request would otherwise wait for a scan of its own (two Redis round trips and a parse, ~1.2 ms of a
-~40 ms TTFT here), while under load scans stay `max_age_s` apart as before. A worker that died or started
+~40 ms TTFT here), while under load scans stay `max_age_s` apart as before. Between requests the
+coordinator keeps the view younger than `stale_s` (`keep_fresh`, every `REFRESH_S`), so a request at light
+load finds one it can use. A worker that died or started
 draining within that age may still get a request: the failover re-runs it (its holder left the registry),
 and a draining worker still serves what was routed to it, as with a scan taken just before it changed.
 An empty view is never reused, so a worker that just registered is seen at once.
@@ -16,6 +18,7 @@ An empty view is never reused, so a worker that just registered is seen at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -24,9 +27,12 @@ from coordinator.protocol.registry import WorkerRegistry, WorkerStatus
 
 MAX_AGE_S = 0.02
 """How long a scan is reused: 1/25 of the default heartbeat interval, ~50 scans/s at most under load."""
+log = logging.getLogger(__name__)
 STALE_S = 0.25
 """How old a view may still route a request while a fresh scan runs beside it: half the default heartbeat
 interval, so its loads are at most one report behind."""
+REFRESH_S = 0.1
+"""How often `keep_fresh` scans when no request did: 10 scans/s when idle (two Redis round trips each)."""
 
 
 class RoutingView:
@@ -49,6 +55,30 @@ class RoutingView:
         elif age > self.max_age_s:
             self._start_scan()  # beside this request: it routes on the view it has
         return [w for w in self._workers if w.info.role in roles]
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since the view's scan started (inf before the first)."""
+        return self.clock() - self._at
+
+    async def keep_fresh(self, every_s: float = REFRESH_S) -> None:
+        """Forever: scan whenever the view is `every_s` old, so requests between scans route without waiting.
+        A failing scan (Redis down) is logged once until one succeeds; requests then wait for their own."""
+        failing = False
+        while True:
+            if self.age_s >= every_s:
+                try:
+                    await asyncio.shield(self._start_scan())
+                    if failing:
+                        log.info("worker registry readable again")
+                    failing = False
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    if not failing:
+                        log.warning("worker registry unreadable; retrying", extra={"error": str(e)})
+                    failing = True
+            await asyncio.sleep(every_s)
 
     def _start_scan(self) -> asyncio.Future[list[WorkerStatus]]:
         if self._scan is None:

@@ -79,3 +79,21 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_scan(redis_url, key
         assert [w.info.worker_id for w in await second] == ["l0"] and view.scans == 1
     finally:
         await redis.aclose()
+
+
+async def test_kept_fresh_between_requests_a_light_load_request_waits_for_no_scan(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    reg = WorkerRegistry(redis, Keys(key_prefix), heartbeat_ttl_s=5.0)
+    view = RoutingView(reg)
+    keeper = asyncio.ensure_future(view.keep_fresh(every_s=0.02))
+    try:
+        await reg.register(_info("l0", "combined"))
+        for _ in range(20):  # requests 0.1 s apart: each finds a view younger than stale_s
+            await asyncio.sleep(0.1)
+            assert view.age_s < view.stale_s
+            assert [w.info.worker_id for w in await view.alive(frozenset({"combined"}))] == ["l0"]
+        assert view.scans >= 20  # the keeper scanned between them
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await redis.aclose()
