@@ -7,10 +7,8 @@ to the real length, so export is one slice and import one validation.
 
 A decode step left-pads every sequence to the longest one: the new token of each sequence then sits
 at the same column, the padded slots are masked out by a 2D attention mask, and each sequence gets
-its own position id. When the same sequences decode again, each one token longer, the previous step's
-padded cache (which the forward extended by exactly those tokens) is the next step's, so a step copies
-the batch's cache once (the forward's own append) instead of re-padding it too (`DecodeBatches`).
-A real paged cache is vLLM's job; this one is meant to be simple and exact.
+its own position id. `build_decode_batch` pads afresh; llm_node/batch_cache.py keeps the padded batch
+from step to step. A real paged cache is vLLM's job; this one is meant to be simple and exact.
 """
 
 from __future__ import annotations
@@ -96,6 +94,9 @@ class DecodeBatch:
     """[B, L_max + 1]: 0 on padding, 1 on real positions and on the new token."""
     position_ids: torch.Tensor
     """[B, 1]: each sequence's own length, the position of its new token."""
+    order: list[int] | None = None
+    """Row of the batch that holds the caller's i-th sequence; None: row i (llm_node/batch_cache.py keeps rows
+    in its buffer's order)."""
 
 
 def build_decode_batch(kvs: list[SequenceKV], config: PretrainedConfig) -> DecodeBatch:
@@ -118,45 +119,3 @@ def build_decode_batch(kvs: list[SequenceKV], config: PretrainedConfig) -> Decod
 def new_positions(cache: DynamicCache) -> torch.Tensor:
     """The last position of every sequence after a decode forward: [layers, 2, B, kv_heads, 1, head_dim]."""
     return torch.stack([torch.stack([layer.keys[:, :, -1:], layer.values[:, :, -1:]]) for layer in cache.layers])
-
-
-class DecodeBatches:
-    """Builds each decode step's batch, reusing the previous step's padded cache when it can.
-
-    After a decode forward the batch's cache holds every sequence's keys and values left-padded to the longest,
-    plus the fed token's; the engine then appends that last column to each sequence's own buffer. So when the
-    next step decodes the same sequences (the same objects, in the same order) and each grew by exactly one
-    position since, the kept cache is bit for bit what `build_decode_batch` would copy together, and its mask is
-    the old one with one more real column. Anything else (a sequence joined, left, failed, was preempted or
-    appended more than once) rebuilds from the sequences' buffers."""
-
-    def __init__(self) -> None:
-        self._kvs: list[SequenceKV] = []
-        """The sequences of the kept batch (held, so `is` identifies them; no id() reuse)."""
-        self._lengths: list[int] = []
-        self._batch: DecodeBatch | None = None
-        self.reused = 0
-        """Steps that reused the kept cache: a counter for tests and benchmarks."""
-
-    def build(self, kvs: list[SequenceKV], config: PretrainedConfig) -> DecodeBatch:
-        kept = self._batch
-        if (kept is not None and len(kvs) == len(self._kvs) and all(a is b for a, b in zip(kvs, self._kvs))
-                and all(kv.length == n + 1 for kv, n in zip(kvs, self._lengths))):
-            self.reused += 1
-            mask = torch.cat([kept.attention_mask, kept.attention_mask.new_ones((len(kvs), 1))], dim=1)
-            positions = torch.tensor([kv.length for kv in kvs], dtype=torch.long,
-                                     device=kept.attention_mask.device).unsqueeze(1)
-            batch = DecodeBatch(cache=kept.cache, attention_mask=mask, position_ids=positions)
-        else:
-            batch = build_decode_batch(kvs, config)
-        self._kvs, self._lengths, self._batch = list(kvs), [kv.length for kv in kvs], batch
-        return batch
-
-    @property
-    def keeping(self) -> bool:
-        """Whether a batch (and so a copy of its sequences' caches) is kept."""
-        return self._batch is not None
-
-    def clear(self) -> None:
-        """Forget the kept batch (its memory goes with it)."""
-        self._kvs, self._lengths, self._batch = [], [], None

@@ -20,7 +20,9 @@ from transformers import DynamicCache, PreTrainedModel
 
 from coordinator.protocol.messages import EncodedMedia
 from llm_node.architectures import adapter_for
-from llm_node.kv import DecodeBatches, KVLayout, SequenceKV, new_positions, split_prefill_cache
+from llm_node.attention import use_gqa_sdpa
+from llm_node.batch_cache import DecodeBatches
+from llm_node.kv import KVLayout, SequenceKV, new_positions, split_prefill_cache
 
 
 @dataclass
@@ -44,6 +46,8 @@ class ModelRunner:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
+        self.gqa_sdpa = use_gqa_sdpa(model)
+        """Masked grouped-query attention without copying the keys (CPU; llm_node/attention.py)."""
         self.config = model.config
         self.arch = adapter_for(model)
         self.placeholder_ids = torch.tensor(sorted(self.arch.placeholders), dtype=torch.long)
@@ -147,6 +151,13 @@ class ModelRunner:
 
         The fed token of a sequence with cache length L sits at position L + its rope delta."""
         batch = self.decode_batches.build(kvs, self.config)
+        order = batch.order
+        if order is not None:  # the batch's rows are in its buffer's order: feed and read back in that order
+            rows = [0] * len(order)
+            for i, r in enumerate(order):
+                rows[r] = i
+            token_ids = [token_ids[i] for i in rows]
+            rope_deltas = None if rope_deltas is None else [rope_deltas[i] for i in rows]
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)
         inputs = self.model.get_input_embeddings()(ids)
         position_ids = batch.position_ids
@@ -162,4 +173,8 @@ class ModelRunner:
             **{self._cache_kw: batch.cache},
         )
         logits = self.model.lm_head(out.last_hidden_state[:, -1]).float()
-        return DecodeResult(logits=logits, new_kv=new_positions(batch.cache))
+        new_kv = new_positions(batch.cache)
+        if order is not None:
+            index = torch.tensor(order, device=self.device)
+            logits, new_kv = logits[index], new_kv[:, :, index]
+        return DecodeResult(logits=logits, new_kv=new_kv)
