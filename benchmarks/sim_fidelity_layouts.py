@@ -226,11 +226,17 @@ def spread(ttft: list[float], tpot: list[float]) -> dict[str, list[float]]:
 
 # --- judging (live and simulated, from what was saved) ---------------------------------------------
 
+SAVED_MARKS = ("first_token", "handoff_sent", "decode_admitted", "finished")
+"""Per-hop marks kept per request: with decode_s (the engine steps' wall time the request was in) they split its
+decode phase into hand-off, step compute and the time between steps."""
+
+
 def saved_records(records: list[ReplayRecord]) -> dict[str, list]:
-    """Per request (arrival order): what re-judging under another SLO needs."""
+    """Per request (arrival order): what re-judging under another SLO needs, and the decode phase's parts."""
     return {"sent": [round(r.sent, 5) for r in records], "ttft": [round(r.ttft, 5) for r in records],
             "e2e": [round(r.e2e, 5) for r in records], "output_tokens": [r.output_tokens for r in records],
-            "error": [r.error for r in records]}
+            "error": [r.error for r in records], "decode_s": [r.compute.get("decode_s") for r in records],
+            "marks": [{k: round(v, 5) for k, v in r.marks.items() if k in SAVED_MARKS} for r in records]}
 
 
 def loaded_records(saved: dict[str, list], requests: list[SimRequest]) -> list[ReplayRecord]:

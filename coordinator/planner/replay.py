@@ -72,6 +72,9 @@ class ReplayRecord:
     marks: dict[str, float] = field(default_factory=dict)
     """The coordinator's per-hop marks (live_http.mark_offsets: seconds since it received the request),
     from the usage chunk's `tierserve` record; empty from a server that sends none."""
+    compute: dict[str, float] = field(default_factory=dict)
+    """The same record's worker compute seconds (encode_s, prefill_s, decode_s: sums of the engine steps the
+    request was in, ...): what splits a live TPOT into step compute and the time between steps."""
 
     @property
     def ok(self) -> bool:
@@ -105,6 +108,7 @@ async def stream_request(client: httpx.AsyncClient, record: ReplayRecord, body: 
                     record.output_tokens = chunk["usage"]["completion_tokens"]
                     record.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     record.marks = mark_offsets((chunk.get("tierserve") or {}).get("stages_s") or {})
+                    record.compute = (chunk.get("tierserve") or {}).get("compute") or {}
                 for choice in chunk.get("choices", ()):
                     if choice.get("delta", {}).get("content"):
                         first = first or now
