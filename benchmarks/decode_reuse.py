@@ -3,7 +3,9 @@
 In-process (llm_node's ModelRunner on the embedded tiny LLaVA, no serving stack): B sequences with
 prompts like sim_fidelity's workload (an image's 196 placeholder rows + 16-128 text tokens + template),
 decoded step after step. "reuse": the same sequences go on (DecodeBatches keeps the cache); "rebuild":
-the kept batch is dropped before every step, as when a sequence joined or left (llm_node/kv.py). Also
+the kept batch is dropped before every step, as a join or leave did up to b0e73de (llm_node/kv.py). Since
+7944618 (llm_node/batch_cache.py) a join or leave copies one row, so "rebuild" now measures a fresh layout,
+which only a joiner longer than the window or a full buffer causes; results/decode_reuse.json is b0e73de's. Also
 the per-step work the engine does outside its step timer (appending each sequence's new KV column).
 Run it pinned, one torch thread, as the workers run:
 
