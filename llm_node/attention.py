@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -26,7 +27,7 @@ def gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
              is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     groups = getattr(module, "num_key_value_groups", 1)
     if (attention_mask is None or groups <= 1 or query.device.type != "cpu" or kwargs.get("position_bias") is not None
-            or kwargs.get("cache") is not None):
+            or isinstance(kwargs.get("cache"), PagedAttentionCache)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,

@@ -318,14 +318,6 @@ class PerfModel:
         o = self._overheads(tier)
         return (measured if o is None else measured + o.decode_step_s + o.decode_seq_s * batch) * self.slowdown
 
-    def decode_rebuild_s(self, tier: str, batch: int, context_tokens: int) -> float:
-        """Extra seconds of a decode step whose batch changed since the last step, at `context_tokens` padded
-        KV tokens (the simulator asks at each such step): the profile's decode_rebuild_token_s, step compute
-        like the decode points (so with or without `overheads`); 0 without a profile."""
-        p = self._profile(split_key(tier)[0] if "[" in tier else tier)
-        o = p.overheads if p is not None else None
-        return o.decode_rebuild_token_s * context_tokens * self.slowdown if o is not None else 0.0
-
     def link_bytes_s(self, src_tier: str, dst_tier: str, same_host: bool) -> float:
         """Bandwidth of the narrowest link on the way: NVLink between same-tier NVLink GPUs of one host,
         else both GPUs' PCIe links, plus the NIC between hosts."""

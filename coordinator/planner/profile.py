@@ -109,11 +109,6 @@ class ProfileOverheads(BaseModel):
     """LLM-worker seconds per decode step beyond its compute (the engine loop, publishing tokens): intercept."""
     decode_seq_s: float = Field(0.0, ge=0)
     """The same, per sequence in the step (one token event each): slope."""
-    decode_rebuild_token_s: float = Field(0.0, ge=0)
-    """Extra LLM-worker seconds per padded KV token (batch x longest context) of a decode step whose batch
-    changed since the previous step (a sequence joined or left), so the reference engine pads it afresh
-    instead of reusing the kept cache (llm_node/kv.py DecodeBatches). The decode points do not show it: a
-    fixed burst rebuilds once, at its first step. 0: not measured (vLLM engines keep no padded batch)."""
     hop_s: float = Field(0.0, ge=0)
     """Latency of one hand-over between workers (embeddings sent -> prefill job admitted), used as the
     transfer latency to this tier's workers."""

@@ -21,12 +21,6 @@ batches a profile measures). The longest context is kept like the sum: as the la
 the decoding sequences (a heap, pruned lazily as they finish) plus k, so a step stays O(1) amortised.
 StepPlan's prefill_cost_tokens / decode_cost_context carry the sizes to time the step at; without
 padding they are the sums.
-
-Rebuilt decode batches (`StepPlan.decode_rebuild`): the reference engine keeps a decode step's padded
-cache for the next step only while the same sequences go on (llm_node/kv.py DecodeBatches, d8ee3b0); a
-step right after a sequence joined or left, or the first after steps without decodes, pads afresh,
-which costs a copy of the whole padded batch. The engine marks those steps; the caller prices them
-(ServiceTimes.decode_rebuild_s). A profile's fixed decode bursts rebuild only at their first step.
 """
 
 from __future__ import annotations
@@ -73,8 +67,6 @@ class StepPlan:
     decode_cost_context: int = 0
     """Context to time the decode forward at: context_tokens, or decodes x the longest context when
     the engine pads its batches."""
-    decode_rebuild: bool = False
-    """The decode batch differs from the previous step's (or that step did not decode): it is padded afresh."""
 
 
 @dataclass(slots=True)
@@ -112,13 +104,6 @@ class EngineModel:
         """Padded only: -base of every decoding sequence (a max-heap), with finished ones pruned lazily."""
         self._gone: dict[int, int] = {}
         """Padded only: bases of finished sequences still in _bases, with their counts."""
-        self._kept: int | None = None
-        """The last step that decoded the sequences decoding now (None: they changed since): the next step
-        reuses that step's padded batch only if it follows it directly."""
-        self._plain_rebuild = -1
-        """The plain step that rebuilt, if one did (only the first of a run can): what `rewind` restores."""
-        self.last_rebuild = False
-        """Whether the step just planned (schedule, plain_decode_step) rebuilds its decode batch."""
 
     @property
     def load(self) -> int:
@@ -166,9 +151,6 @@ class EngineModel:
                 plan.prefill_tokens += f.prompt
                 longest = max(longest, f.prompt)
         plan.decodes = self._decoding
-        plan.decode_rebuild = self.last_rebuild = self._decoding > 0 and self._kept != k - 1
-        if self._decoding:
-            self._kept = k
         plan.context_tokens = self._context_base + self._decoding * k
         if self.padded:
             plan.prefill_cost_tokens = len(plan.prefills) * longest
@@ -182,7 +164,6 @@ class EngineModel:
         k = plan.index
         out = StepResult()
         for f in self._finishing.pop(k, ()):
-            self._kept = None
             self.running -= 1
             self._decoding -= 1
             self._context_base -= f.base
@@ -221,10 +202,6 @@ class EngineModel:
         if not self._decoding or k in self._finishing or self.can_admit():
             return None
         self._step = k + 1
-        self.last_rebuild = self._kept != k - 1
-        if self.last_rebuild:
-            self._plain_rebuild = k
-        self._kept = k
         if self.padded:
             return self._decoding, self._decoding * (self._longest_base() + k)
         return self._decoding, self._context_base + self._decoding * k
@@ -253,11 +230,9 @@ class EngineModel:
         if step > self._step:
             raise ValueError(f"cannot rewind forward: step={step} > current step {self._step}")
         self._step = step
-        self._kept = None if step <= self._plain_rebuild else step - 1
 
     def _start_decoding(self, f: Flight, first_step: int) -> None:
         f.base = f.prompt + f.produced - first_step
-        self._kept = None
         self._context_base += f.base
         self._decoding += 1
         if self.padded:

@@ -43,8 +43,6 @@ class Engine:
         self.host = host
         limits = cluster.deployment.engine
         self.model = EngineModel(role, limits.max_num_seqs, limits.max_num_batched_tokens, limits.pad_to_longest)
-        self.rebuild_s = getattr(cluster.service, "decode_rebuild_s", None)
-        """Extra seconds of a decode step that pads its batch afresh (EngineModel's decode_rebuild); None: none."""
 
     def next_step(self, now: float) -> tuple[StepPlan, float, float]:
         """The next step and its prefill and decode seconds at the full GPU."""
@@ -52,8 +50,6 @@ class Engine:
         svc = self.cluster.service
         prefill = svc.prefill_s(self.tier, plan.prefill_cost_tokens) if plan.prefills else 0.0
         decode = svc.decode_step_s(self.tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
-        if plan.decode_rebuild and self.rebuild_s is not None:
-            decode += self.rebuild_s(self.tier, plan.decodes, plan.decode_cost_context)
         for f in plan.prefills:
             f.record.prefill_start = now
         return plan, prefill, decode
@@ -99,15 +95,13 @@ class Coast:
     def start(self, now: float) -> bool:
         """Plan the plain steps from `now`, up to the engine's next finisher; False if the next step is not plain."""
         model, first, t = self.engine.model, self.engine.model.step_index, now
-        decode_s, tier, rebuild_s = self.engine.cluster.service.decode_step_s, self.engine.tier, self.engine.rebuild_s
+        decode_s, tier = self.engine.cluster.service.decode_step_s, self.engine.tier
         ends, seconds, batches = self._ends, self._seconds, self._batches
         while len(ends) < MAX_COAST_STEPS:
             step = model.plain_decode_step()
             if step is None:
                 break
             dt = decode_s(tier, step[0], step[1])
-            if model.last_rebuild and rebuild_s is not None:
-                dt += rebuild_s(tier, step[0], step[1])
             t += dt
             ends.append(t)
             seconds.append(dt)
