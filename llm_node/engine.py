@@ -190,7 +190,7 @@ class ReferenceEngine:
             with self.preemption.prefill() if self.preemption is not None else nullcontext():
                 result = self.runner.prefill(
                     [s.prefill_ids for s in plan.prefills], [s.mm_embeddings for s in plan.prefills],
-                    [s.positions for s in plan.prefills],
+                    [s.positions for s in plan.prefills], [s.num_prompt_tokens for s in plan.prefills],
                 )
             out.prefill_tokens = self._sample(result.logits, plan.prefills)
             out.prefill_logits, out.prefill_kvs = result.logits, result.kvs

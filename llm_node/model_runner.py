@@ -102,23 +102,31 @@ class ModelRunner:
         return self.arch.prompt_positions(prompt_ids, media)
 
     @torch.inference_mode()
-    def embed(self, prompt_ids: list[int], mm_embeddings: torch.Tensor | None) -> torch.Tensor:
-        """Token embeddings of the prompt [L, hidden] with the modality embeddings in the placeholder slots."""
-        self._check_rows(prompt_ids, mm_embeddings)
-        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-        embeds = self.model.get_input_embeddings()(ids)
+    def embed(self, ids: list[int], mm_embeddings: torch.Tensor | None, prompt_len: int | None = None) -> torch.Tensor:
+        """Token embeddings [L, hidden] with the modality embeddings in the prompt's placeholder slots.
+
+        Only the first `prompt_len` ids (all when None) are the prompt; the rest are tokens the model generated
+        (a resumed run), embedded as text even when one is a placeholder id, as generate() embeds them."""
+        n = len(ids) if prompt_len is None else prompt_len
+        self._check_rows(ids[:n], mm_embeddings)
+        tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
+        embeds = self.model.get_input_embeddings()(tensor)
         if mm_embeddings is None or mm_embeddings.shape[0] == 0:
             return embeds
-        mask = torch.isin(ids, self.placeholder_ids.to(ids.device)).unsqueeze(-1)
-        return embeds.masked_scatter(mask, mm_embeddings.to(device=self.device, dtype=embeds.dtype))
+        mask = torch.isin(tensor, self.placeholder_ids.to(tensor.device))
+        mask[n:] = False
+        return embeds.masked_scatter(mask.unsqueeze(-1), mm_embeddings.to(device=self.device, dtype=embeds.dtype))
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], mm_embeddings: list[torch.Tensor | None],
-                positions: list[torch.Tensor | None] | None = None) -> PrefillResult:
+                positions: list[torch.Tensor | None] | None = None,
+                prompt_lens: list[int | None] | None = None) -> PrefillResult:
         """Run the prompts as one right-padded batch; returns last-position logits and per-prompt caches.
 
-        `positions[i]` is prompt i's [axes, L] position ids (prompt_positions), None for 0..L-1."""
-        embeds = [self.embed(p, mm) for p, mm in zip(prompts, mm_embeddings, strict=True)]
+        `positions[i]` is prompt i's [axes, L] position ids (prompt_positions), None for 0..L-1;
+        `prompt_lens[i]` how many of its ids are the prompt when generated tokens follow (see embed)."""
+        lens = prompt_lens or [None] * len(prompts)
+        embeds = [self.embed(p, mm, n) for p, mm, n in zip(prompts, mm_embeddings, lens, strict=True)]
         lengths = [e.shape[0] for e in embeds]
         batch, t_max = len(embeds), max(lengths)
         inputs = embeds[0].new_zeros((batch, t_max, embeds[0].shape[1]))

@@ -78,7 +78,7 @@ class VllmEngine:
             extra = {"kv_transfer_params": dict(request.kv_transfer_params)}
         elif role == "prefill" and s.max_tokens - n_out > 1:  # else the prefill's token is the last one
             held.handoff_from, extra = prior, {"kv_transfer_params": dict(REMOTE_DECODE)}
-        check_request(self.spec, rid, [*request.prompt_token_ids, *request.output_token_ids], mm, request.media)
+        check_request(self.spec, rid, request.prompt_token_ids, mm, request.media, request.output_token_ids)
         total = len(request.prompt_token_ids) + s.max_tokens
         if total > self.spec.max_model_len:
             raise ValueError(f"request {rid!r}: prompt {len(request.prompt_token_ids)} + max_tokens {s.max_tokens} "

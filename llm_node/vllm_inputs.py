@@ -55,9 +55,10 @@ class CheckpointSpec:
 
 
 def check_request(spec: CheckpointSpec, request_id: str, prompt_ids: list[int], mm: torch.Tensor | None,
-                  media: list[EncodedMedia]) -> None:
-    """Raise ValueError unless the ids are in the vocabulary and the embeddings fill the placeholders exactly."""
-    bad = [t for t in prompt_ids if not 0 <= t < spec.vocab_size]
+                  media: list[EncodedMedia], generated: list[int] = ()) -> None:
+    """Raise ValueError unless the ids are in the vocabulary and the embeddings fill the prompt's placeholders
+    exactly. `generated` (a resumed run's streamed tokens) are text, even one that is a placeholder id."""
+    bad = [t for t in [*prompt_ids, *generated] if not 0 <= t < spec.vocab_size]
     if bad:
         raise ValueError(f"request {request_id!r}: token ids {bad[:5]} are outside the vocabulary "
                          f"[0, {spec.vocab_size})")

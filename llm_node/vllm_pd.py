@@ -77,8 +77,7 @@ def decode_inputs(spec: CheckpointSpec, request_id: str, prompt_ids: list[int], 
     before the last): zeros, never computed (their KV is pulled), carrying the media's grids."""
     if not output_ids:
         raise ValueError(f"request {request_id!r}: a decode request needs the prefill's first token")
-    ids = [*prompt_ids, *output_ids[:-1]]
-    if ids[-1] in spec.placeholders:  # the one token the decode engine recomputes would see zeros
+    if len(output_ids) == 1 and prompt_ids[-1] in spec.placeholders:  # recomputed, it would see zeros
         raise ValueError(f"request {request_id!r}: the prompt ends with a media placeholder; the decode engine "
                          "would recompute it without its embedding")
     rows = sum(m.num_tokens for m in media)

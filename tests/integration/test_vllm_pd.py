@@ -107,6 +107,27 @@ def test_a_rerun_continues_after_the_streamed_tokens(llava_pd, llava_refs):
     assert [t for ev in tokens for t in ev.token_ids] == ref.tokens[3:]
 
 
+def test_a_streamed_placeholder_id_is_a_text_token(llava_pd, llava_refs, tiny_model):
+    """The sampled case above once drew LLaVA's image token as the first token, and the decode worker refused
+    the request (it counted that token as a placeholder without an embedding row). generate() embeds a
+    generated token as text whatever its id, so a re-run with one streamed, here just before the token the
+    decode engine recomputes, goes on as generate() goes on from the same ids."""
+    import torch
+
+    model, ref = tiny_model[0], llava_refs[3]
+    streamed = [ref.tokens[0], model.config.image_token_id]
+    ids = torch.tensor([ref.prompt_ids + streamed])
+    with torch.inference_mode():
+        want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                              do_sample=False, eos_token_id=None)[0, ids.shape[1]:].tolist()
+    events = asyncio.run(_events(llava_pd, f"placeholder-{time.monotonic_ns()}", SamplingParams(
+        max_tokens=len(streamed) + 4, ignore_eos=True), ref.prompt_ids, streamed))
+    assert not [ev.error for ev in events if ev.error], events
+    tokens = [ev for ev in events if ev.token_ids]
+    assert tokens[0].index == 2 and tokens[0].worker_id == PREFILL and tokens[-1].worker_id == DECODE
+    assert [t for ev in tokens for t in ev.token_ids] == want
+
+
 def test_decode_job_carries_exactly_one_kv_source():
     from coordinator.protocol.messages import DecodeJob
     from transport.wire import TensorDescriptor

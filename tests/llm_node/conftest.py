@@ -26,6 +26,8 @@ class Case:
     """Image embeddings from get_image_features, computed apart from the LLM path (as an encoder would)."""
     ref_tokens: list[int]
     ref_logits: list[torch.Tensor]
+    inputs: dict = field(default_factory=dict)
+    """What the processor made for generate() (input_ids, pixel_values...)."""
 
 
 @dataclass
@@ -86,6 +88,7 @@ def make_case(tiny):
             mm_embeddings=mm,
             ref_tokens=ref.sequences[0, n_prompt:].tolist(),
             ref_logits=[step[0].float().clone() for step in ref.logits],
+            inputs=dict(inputs),
         )
 
     return build

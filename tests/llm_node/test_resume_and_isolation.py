@@ -4,6 +4,7 @@ off the wire are range-checked, broken tensors are refused, and a request that b
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -18,6 +19,27 @@ def test_combined_resume_continues_exactly(cases, make_engine, case_request, dri
         problems = compare(c, c.ref_tokens[:k] + run.tokens, c.ref_logits[:k] + run.logits)
         assert not problems, "\n".join(problems)
         assert run.finish_reason == "length"
+
+
+def test_a_streamed_placeholder_id_is_resumed_as_text(tiny, cases, make_engine, case_request):
+    """A model can sample a media placeholder id (a tiny random one often does). generate() embeds a generated
+    token as text, whatever its id; a re-run carrying one must too, not count it as a placeholder that lacks an
+    embedding row (it was refused so). Reference: the model's own forward, the prompt with its pixels, then
+    the streamed tokens fed one at a time on its cache."""
+    model, case = tiny[0], cases[0]
+    streamed = [case.ref_tokens[0], model.config.image_token_id]
+    with torch.inference_mode():
+        out = model(**case.inputs, use_cache=True)
+        for token in streamed:
+            out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    want = out.logits[0, -1].float()
+    for role in ("combined", "prefill"):
+        engine = make_engine(role)
+        engine.add(case_request(case, output_token_ids=streamed))
+        (first,) = engine.step()
+        assert first.error is None, first.error
+        assert first.new_token_ids == [int(want.argmax())], role
+        assert torch.allclose(first.logits[0], want, atol=1e-4), (role, (first.logits[0] - want).abs().max())
 
 
 def test_resume_text_continues_where_the_stream_left_off(cases, make_engine, case_request, drive):

@@ -91,3 +91,21 @@ def test_qwen2_vl_items_need_grids_that_make_their_token_count(vl):
         check_request(vl, "r", prompt, mm, [_image(vl, 6), media[1]])
     with pytest.raises(ValueError, match="does not match"):  # an image item where the prompt has video tokens
         check_request(vl, "r", prompt, mm, [media[0], _image(vl, 4, (1, 4, 4))])
+
+
+def test_a_generated_placeholder_id_is_text_to_the_checks(llava):
+    """A re-run's streamed tokens are text even when one is the image token (a random model samples it): the
+    row count is the prompt's placeholders, and the decode engine may recompute such a token (only the prompt's
+    own last placeholder, which it would recompute with a zero row, is refused). Ids still must be in range."""
+    from llm_node.vllm_pd import decode_inputs
+
+    img = _token(llava, "image")
+    prompt, mm, media = [100, *[img] * 4, 101], torch.randn(4, llava.hidden_size), [_image(llava, 4)]
+    check_request(llava, "r", prompt, mm, media, [7, img, 9])
+    check_request(llava, "r", [100, 101], None, [], [img])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        check_request(llava, "r", prompt, mm, media, [img, 10**6])
+    assert decode_inputs(llava, "r", prompt, [7, img, 9], media).shape == (4, llava.hidden_size)
+    assert decode_inputs(llava, "r", [100, 101], [img, 9], []) is None
+    with pytest.raises(ValueError, match="ends with a media placeholder"):
+        decode_inputs(llava, "r", [100, *[img] * 4], [7], media)
