@@ -104,13 +104,14 @@ class ClusterSpec:
         bad = [r for r in self.llm_roles if r not in LLM_ROLES]
         if bad:
             raise ClusterError(f"unknown LLM role(s) {bad}; use a comma list of {', '.join(LLM_ROLES)}")
-        if not any(r in ("combined", "prefill") for r in self.llm_roles):
-            raise ClusterError("no LLM worker can prefill; add a combined or prefill worker (--llm combined)")
-        if "prefill" in self.llm_roles and "decode" not in self.llm_roles:
-            raise ClusterError("a prefill worker hands its KV cache to a decode worker; add one (--llm prefill,decode)")
         if self.colocated is not None and len(self.colocated) != self.encode_workers:
             raise ClusterError(f"colocated lists {len(self.colocated)} encode workers, not {self.encode_workers}")
         local = any("prefill" in self.colocated_with(i) for i in range(self.encode_workers))
+        if not local and not any(r in ("combined", "prefill") for r in self.llm_roles):
+            raise ClusterError("no LLM worker can prefill; add a combined or prefill worker (--llm combined), "
+                               "or a prefill worker beside each encode worker (--local-prefill)")
+        if "prefill" in self.llm_roles and "decode" not in self.llm_roles:
+            raise ClusterError("a prefill worker hands its KV cache to a decode worker; add one (--llm prefill,decode)")
         if local and "decode" not in self.llm_roles:
             raise ClusterError("local prefill workers hand their KV cache to a decode worker; add one "
                                "(--llm combined,decode)")

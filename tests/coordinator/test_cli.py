@@ -21,6 +21,13 @@ def test_cluster_spec_refuses_unusable_role_sets(roles, needle):
         ClusterSpec(llm_roles=roles).validate()
 
 
+def test_a_prefill_worker_beside_each_encoder_is_enough_to_prefill():
+    """E+P on the encode GPU and D on the datacenter GPU (offload share s = 1): no remote prefill is needed."""
+    ClusterSpec(llm_roles=["decode"], local_prefill=True).validate()
+    with pytest.raises(ClusterError, match="no LLM worker can prefill"):
+        ClusterSpec(llm_roles=["decode"], local_prefill=True, encode_workers=0).validate()
+
+
 def test_cli_reports_bad_roles_without_traceback():
     r = subprocess.run([sys.executable, "-m", "coordinator.cli", "up", "--llm", "prefill"],
                        capture_output=True, text=True, timeout=60)

@@ -42,6 +42,16 @@ def test_roles_map_to_workers_and_stealing_lands_on_e_gpus(plan):
     assert plain.colocated == [frozenset()] and plain.llm_roles == ["combined"]      # no stealing: no stealer
 
 
+def test_a_plan_of_only_e_p_and_d_gpus_is_a_cluster_the_launcher_takes(plan):
+    """Every prefill on the encode GPUs (s = 1), decode on the D GPU: a valid HAS layout with no P or P+D GPU,
+    which the launcher refused ("no LLM worker can prefill") before it counted co-located prefill workers."""
+    from coordinator.launcher import ClusterSpec
+
+    layout = planned_cluster(_with(plan, ["E+P", "D"], PolicyConfig(offload=OffloadConfig(s=1.0))))
+    assert layout.llm_roles == ["decode"] and layout.colocated == [frozenset({"prefill"})]
+    ClusterSpec(encode_workers=layout.encode_workers, llm_roles=layout.llm_roles, colocated=layout.colocated).validate()
+
+
 def test_the_plans_engine_runs_on_every_llm_worker(plan):
     vllm = _with(plan, ["E", "P", "D"], PolicyConfig())
     vllm = vllm.model_copy(update={"engine": vllm.engine.model_copy(update={"kind": "vllm"})})
