@@ -159,14 +159,14 @@ async def serves_again_within(url: str, model: str, image: int, expected: str, s
                               max_tokens: int = MAX_TOKENS, probe_every_s: float = 0.25) -> float | None:
     """Seconds from `since` (monotonic) until the cluster serves again: a fresh request's first token, counted
     only when that request's whole answer then comes out right; None if none started within `limit_s`. The
-    first token, not the last, since how long a long answer takes to stream is decode speed, not recovery."""
+    first token, not the last, since how long a long answer takes to stream is decode speed, not recovery.
+    A probe sent within `limit_s` whose first token came later returns that later time (the caller judges it)."""
     timeout_s = limit_s + 60.0
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         while time.monotonic() - since < limit_s:
             o = await classify(client, url, request_body(model, image, max_tokens=max_tokens), expected,
                                timeout_s, timeout_s)
             if o.kind == "served" and o.first_token_s is not None:
-                again = o.sent_at + o.first_token_s - since
-                return again
+                return o.sent_at + o.first_token_s - since
             await asyncio.sleep(probe_every_s)
     return None
