@@ -106,13 +106,13 @@ class ClusterSpec:
             raise ClusterError(f"unknown LLM role(s) {bad}; use a comma list of {', '.join(LLM_ROLES)}")
         if self.colocated is not None and len(self.colocated) != self.encode_workers:
             raise ClusterError(f"colocated lists {len(self.colocated)} encode workers, not {self.encode_workers}")
-        local = any("prefill" in self.colocated_with(i) for i in range(self.encode_workers))
-        if not local and not any(r in ("combined", "prefill") for r in self.llm_roles):
-            raise ClusterError("no LLM worker can prefill; add a combined or prefill worker (--llm combined), "
-                               "or a prefill worker beside each encode worker (--local-prefill)")
+        local = [("prefill" in self.colocated_with(i)) for i in range(self.encode_workers)]
+        if not any(r in ("combined", "prefill") for r in self.llm_roles) and not (local and all(local)):
+            raise ClusterError("no LLM worker can prefill what every encode worker sends; add a combined or prefill "
+                               "worker (--llm combined), or a prefill worker beside each encode worker (--local-prefill)")
         if "prefill" in self.llm_roles and "decode" not in self.llm_roles:
             raise ClusterError("a prefill worker hands its KV cache to a decode worker; add one (--llm prefill,decode)")
-        if local and "decode" not in self.llm_roles:
+        if any(local) and "decode" not in self.llm_roles:
             raise ClusterError("local prefill workers hand their KV cache to a decode worker; add one "
                                "(--llm combined,decode)")
         if not DEVICE_PATTERN.fullmatch(self.device) or self.dtype not in DTYPES:

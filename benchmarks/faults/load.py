@@ -34,7 +34,9 @@ class Outcome:
     detail: str = ""
     reruns: int = 0
     first_token_s: float | None = None
-    """Seconds from sending to the first streamed text, None if none came."""
+    """Seconds from sending to the first streamed text (the first non-empty chunk), None if none came."""
+    max_gap_s: float = 0.0
+    """The longest wait between two streamed text chunks (a stall mid-answer, e.g. a hand-off to a dead worker)."""
 
 
 def image_url(image: int) -> str:
@@ -50,9 +52,9 @@ def request_body(model: str, image: int, stream: bool = True, max_tokens: int = 
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float,
-               first_token: list[float] | None = None) -> tuple[int, str, str | None, int]:
+               text_times: list[float] | None = None) -> tuple[int, str, str | None, int]:
     """(HTTP status, streamed text, error message or None, re-runs) of one streaming request; the
-    time.monotonic() of the first streamed text is appended to `first_token` when given."""
+    time.monotonic() of every non-empty text chunk is appended to `text_times` when given."""
     text, error, reruns, finished = [], None, 0, False
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s) as r:
         if r.status_code != 200:
@@ -70,8 +72,8 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float
                 continue
             for choice in chunk.get("choices") or []:
                 text.append(choice.get("delta", {}).get("content") or "")
-                if first_token is not None and not first_token and text[-1]:
-                    first_token.append(time.monotonic())
+                if text_times is not None and text[-1]:
+                    text_times.append(time.monotonic())
                 finished = finished or choice.get("finish_reason") is not None
             reruns = (chunk.get("tierserve") or {}).get("reruns", reruns)
     if error is None and not finished:
@@ -81,16 +83,17 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float
 
 async def classify(client: httpx.AsyncClient, url: str, body: dict, expected: str | None, timeout_s: float,
                    error_bound_s: float) -> Outcome:
-    t0, first = time.monotonic(), []
+    t0, times = time.monotonic(), []
     try:
-        status, text, error, reruns = await send(client, url, body, timeout_s, first)
+        status, text, error, reruns = await send(client, url, body, timeout_s, times)
     except (httpx.HTTPError, ValueError) as e:
         return Outcome("lost", t0, time.monotonic() - t0, f"{type(e).__name__}: {e}")
     took = time.monotonic() - t0
     if status == 200 and error is None:
         if expected is not None and text != expected:
             return Outcome("wrong", t0, took, f"got {text!r}, expected {expected!r}", reruns)
-        return Outcome("served", t0, took, "", reruns, first[0] - t0 if first else None)
+        return Outcome("served", t0, took, "", reruns, times[0] - t0 if times else None,
+                       max((b - a for a, b in zip(times, times[1:])), default=0.0))
     if error in (None, "__no_finish__"):
         return Outcome("lost", t0, took, f"HTTP {status} without an error body" if status != 200
                        else "stream ended without a finish reason")
@@ -158,15 +161,17 @@ def counts(outcomes: list[Outcome]) -> dict[str, int]:
 async def serves_again_within(url: str, model: str, image: int, expected: str, since: float, limit_s: float,
                               max_tokens: int = MAX_TOKENS, probe_every_s: float = 0.25) -> float | None:
     """Seconds from `since` (monotonic) until the cluster serves again: a fresh request's first token, counted
-    only when that request's whole answer then comes out right; None if none started within `limit_s`. The
-    first token, not the last, since how long a long answer takes to stream is decode speed, not recovery.
-    A probe sent within `limit_s` whose first token came later returns that later time (the caller judges it)."""
-    timeout_s = limit_s + 60.0
+    only when that request's whole answer then comes out right and never stalled longer than `limit_s` between
+    two chunks (its later tokens may come from a worker that is dead and not yet detected); None if no probe
+    did so within `limit_s`. The first token, not the last, since how long a long answer takes to stream is
+    decode speed, not recovery. A probe sent within `limit_s` whose first token came later returns that later
+    time (the caller judges it)."""
+    timeout_s = limit_s + 15.0
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         while time.monotonic() - since < limit_s:
             o = await classify(client, url, request_body(model, image, max_tokens=max_tokens), expected,
                                timeout_s, timeout_s)
-            if o.kind == "served" and o.first_token_s is not None:
+            if o.kind == "served" and o.first_token_s is not None and o.max_gap_s <= limit_s:
                 return o.sent_at + o.first_token_s - since
             await asyncio.sleep(probe_every_s)
     return None

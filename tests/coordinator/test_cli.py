@@ -26,6 +26,8 @@ def test_a_prefill_worker_beside_each_encoder_is_enough_to_prefill():
     ClusterSpec(llm_roles=["decode"], local_prefill=True).validate()
     with pytest.raises(ClusterError, match="no LLM worker can prefill"):
         ClusterSpec(llm_roles=["decode"], local_prefill=True, encode_workers=0).validate()
+    with pytest.raises(ClusterError, match="no LLM worker can prefill"):  # the second encoder's requests: nowhere
+        ClusterSpec(llm_roles=["decode"], encode_workers=2, colocated=[frozenset({"prefill"}), frozenset()]).validate()
 
 
 def test_cli_reports_bad_roles_without_traceback():
