@@ -107,7 +107,7 @@ class ClusterSpec:
         if self.colocated is not None and len(self.colocated) != self.encode_workers:
             raise ClusterError(f"colocated lists {len(self.colocated)} encode workers, not {self.encode_workers}")
         local = [("prefill" in self.colocated_with(i)) for i in range(self.encode_workers)]
-        if not any(r in ("combined", "prefill") for r in self.llm_roles) and not (local and all(local)):
+        if not any(r in ("combined", "prefill") for r in self.llm_roles) and not (self.encode_workers > 0 and all(local)):
             raise ClusterError("no LLM worker can prefill what every encode worker sends; add a combined or prefill "
                                "worker (--llm combined), or a prefill worker beside each encode worker (--local-prefill)")
         if "prefill" in self.llm_roles and "decode" not in self.llm_roles:

@@ -14,6 +14,7 @@ refused with a reason before it reaches the engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class CheckpointSpec:
 
 
 def check_request(spec: CheckpointSpec, request_id: str, prompt_ids: list[int], mm: torch.Tensor | None,
-                  media: list[EncodedMedia], generated: list[int] = ()) -> None:
+                  media: list[EncodedMedia], generated: Sequence[int] = ()) -> None:
     """Raise ValueError unless the ids are in the vocabulary and the embeddings fill the prompt's placeholders
     exactly. `generated` (a resumed run's streamed tokens) are text, even one that is a placeholder id."""
     bad = [t for t in [*prompt_ids, *generated] if not 0 <= t < spec.vocab_size]
