@@ -49,9 +49,8 @@ class ClusterSpec:
     is idle (time sharing); stealing itself is switched on by the policy (`stealing.enabled`)."""
     pin_cores: bool = False
     """Emulate one device per CPU core: encode worker i and the workers sharing its GPU run on core i,
-    remote LLM worker j on the next core (modulo the cores there are); the coordinator and a private Redis
-    run on the encode workers' cores (`host_cores`). Without it every process competes for every core, and
-    an "idle" encode device is not idle."""
+    remote LLM worker j on the next core (modulo the cores there are); the coordinator floats. Without
+    it every process competes for every core, and an "idle" encode device is not idle."""
     llm_args: list[str] = field(default_factory=list)
     """Extra flags for every `python -m llm_node` (e.g. --max-num-seqs 4 to emulate a KV-memory limit)."""
     coordinator_args: list[str] = field(default_factory=list)
@@ -83,21 +82,6 @@ class ClusterSpec:
         if self.colocated is not None:
             return self.colocated[encoder]
         return frozenset({"prefill"} if self.local_prefill else set()) | ({"steal"} if self.steal else set())
-
-    def core_of(self, slot: int) -> int:
-        """The CPU core device slot `slot` is pinned to under `pin_cores`."""
-        cores = sorted(os.sched_getaffinity(0))
-        return cores[slot % len(cores)]
-
-    def host_cores(self) -> set[int] | None:
-        """Where the coordinator and a private Redis run under `pin_cores`: the encode workers' cores, so that
-        they take no CPU from an LLM worker's core: floating, the scheduler puts them there too, and the LLM
-        worker's core is the one that saturates first (benchmarks/results/bench-vllm-saturation/summary.md, run g).
-        None: they float (no pinning, no encode worker, or the encode workers' cores are every core anyway)."""
-        if not self.pin_cores or self.encode_workers == 0:
-            return None
-        cores = {self.core_of(i) for i in range(self.encode_workers)}
-        return None if cores == set(os.sched_getaffinity(0)) else cores
 
     def placement(self, slot: int) -> list[str]:
         """The --device and --dtype flags of a worker on device slot `slot`."""
@@ -167,12 +151,11 @@ class LocalCluster:
                    **{envs.REDIS_URL: self.redis_url, envs.CLUSTER_SECRET: self.cluster_secret})
         if name == "coordinator":
             env.update(self.spec.secrets_env)
-        cores = None
+        pin = None
         if self.spec.pin_cores and device is not None:
-            cores = {self.spec.core_of(device)}
-        elif name == "coordinator":
-            cores = self.spec.host_cores()
-        pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))  # runs in the child before exec
+            cores = sorted(os.sched_getaffinity(0))
+            core = cores[device % len(cores)]
+            pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731 (runs in the child before exec)
         with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
             self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env,
                                                 preexec_fn=pin)
@@ -190,7 +173,7 @@ class LocalCluster:
     def _start(self, timeout_s: float, report) -> None:
         s = self.spec
         if not self.redis_url:
-            self.redis = PrivateRedis(cpus=s.host_cores()).start()
+            self.redis = PrivateRedis().start()
             self.redis_url = self.redis.url
         common = ["--key-prefix", s.key_prefix, "--model", str(s.model_dir),
                   "--model-name", s.model_name, "--threads", str(s.threads), "--transport", s.transport,

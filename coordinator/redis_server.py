@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -42,9 +41,7 @@ def free_port() -> int:
 class PrivateRedis:
     """No persistence, loopback only, on a free port; stopped with the cluster."""
 
-    def __init__(self, cpus: set[int] | None = None) -> None:
-        """`cpus`: the cores the server runs on (every thread it starts); None: any."""
-        self.cpus = cpus
+    def __init__(self) -> None:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="tierserve-redis-")
         self.proc: subprocess.Popen | None = None
@@ -58,8 +55,7 @@ class PrivateRedis:
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=None if self.cpus is None else (lambda: os.sched_setaffinity(0, self.cpus)))
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
