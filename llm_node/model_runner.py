@@ -23,6 +23,7 @@ from llm_node.architectures import adapter_for
 from llm_node.attention import use_gqa_sdpa
 from llm_node.batch_cache import DecodeBatches
 from llm_node.kv import KVLayout, SequenceKV, new_positions, split_prefill_cache
+from llm_node.lean_forward import LeanLlama
 
 
 @dataclass
@@ -44,7 +45,9 @@ class DecodeResult:
 class ModelRunner:
     """Holds the model and runs its forwards in inference mode."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, lean: bool = True) -> None:
+        """`lean`: run a stock Llama decoder as plain tensor operations (llm_node/lean_forward.py, the same bits);
+        False, or any other decoder: transformers' forward."""
         self.model = model.eval()
         self.gqa_sdpa = use_gqa_sdpa(model)
         """Masked grouped-query attention without copying the keys (CPU; llm_node/attention.py)."""
@@ -58,6 +61,7 @@ class ModelRunner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         """The decoder's name for its KV cache argument: transformers renamed past_key_values to cache, and an
         unknown keyword is swallowed by **kwargs (the cache then stays empty), so it is looked up, not assumed."""
+        self.lean = LeanLlama.wrap(self.arch.language_model) if lean else None
         self.decode_batches = DecodeBatches()
         """Each decode step's padded batch, the previous step's reused when the same sequences go on."""
 
@@ -136,14 +140,20 @@ class ModelRunner:
             mask[i, : e.shape[0]] = 1
         position_ids = self._prefill_positions(positions or [None] * batch, lengths, t_max)
         cache = DynamicCache(config=self.config)
-        out = self.arch.language_model(
-            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids, use_cache=True,
-            **{self._cache_kw: cache},
-        )
+        hidden = self._forward(inputs, mask, position_ids, cache)
         last = torch.tensor(lengths, device=self.device) - 1
-        hidden = out.last_hidden_state[torch.arange(batch, device=self.device), last]
+        hidden = hidden[torch.arange(batch, device=self.device), last]
         logits = self.model.lm_head(hidden).float()
         return PrefillResult(logits=logits, kvs=split_prefill_cache(cache, lengths))
+
+    def _forward(self, inputs: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor,
+                 cache: DynamicCache) -> torch.Tensor:
+        """The decoder's last hidden state [B, T, hidden]; the cache takes the new keys and values."""
+        if self.lean is not None and not self.lean.hooked():
+            return self.lean(inputs, mask, position_ids, cache)
+        out = self.arch.language_model(inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids,
+                                       use_cache=True, **{self._cache_kw: cache})
+        return out.last_hidden_state
 
     def _prefill_positions(self, positions: list[torch.Tensor | None], lengths: list[int], t_max: int) -> torch.Tensor:
         """[B, T] (plain) or [axes, B, T] position ids; padding columns are masked, their value is moot."""
@@ -173,14 +183,8 @@ class ModelRunner:
             position_ids = position_ids + torch.tensor(rope_deltas, device=self.device).unsqueeze(1)
         if self.arch.axes > 1:
             position_ids = position_ids.unsqueeze(0).expand(self.arch.axes, -1, -1)
-        out = self.arch.language_model(
-            inputs_embeds=inputs,
-            attention_mask=batch.attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **{self._cache_kw: batch.cache},
-        )
-        logits = self.model.lm_head(out.last_hidden_state[:, -1]).float()
+        hidden = self._forward(inputs, batch.attention_mask, position_ids, batch.cache)
+        logits = self.model.lm_head(hidden[:, -1]).float()
         new_kv = new_positions(batch.cache)
         if order is not None:
             index = torch.tensor(order, device=self.device)
