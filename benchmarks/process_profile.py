@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a prefill worker beside the encode worker, on its core (tierserve up --local-prefill)")
     p.add_argument("--offload-share", type=float, default=0.0,
                    help="s: share of prefills on the local prefill worker (default: %(default)s)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="each LLM worker's --max-num-seqs (default: the worker's own)")
     p.add_argument("--raw-dir", type=Path, default=None, help="keep py-spy's raw files here (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/process_profile.json"))
     a = p.parse_args(argv)
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--offload-share needs --local-prefill (the worker the share goes to)")
     spec = ClusterSpec(encode_workers=1, llm_roles=a.llm.split(","), pin_cores=not a.no_pin, port=free_port(),
                        key_prefix="process-profile", local_prefill=a.local_prefill,
-                       coordinator_args=["--offload-share", str(a.offload_share)])
+                       coordinator_args=["--offload-share", str(a.offload_share)],
+                       llm_args=["--max-num-seqs", str(a.max_num_seqs)] if a.max_num_seqs else [])
     levels = []
     with LocalCluster(spec) as cluster, Progress(console=Console(stderr=True)) as progress:
         asyncio.run(run_level(cluster.url, 2, 4, a.max_tokens, progress))  # warm-up, not profiled
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.process_profile " + " ".join(sys.argv[1:] if argv is None else argv),
         "what": "per process: CPU (/proc, per thread) over the load window, each thread's shared out over the "
                 "categories of its busy py-spy samples",
-        "cluster": {"encode": 1, "llm": a.llm, "local_prefill": a.local_prefill, "offload_share": a.offload_share, "model": "tiny-llava", "max_tokens": a.max_tokens,
+        "cluster": {"encode": 1, "llm": a.llm, "local_prefill": a.local_prefill, "offload_share": a.offload_share, "max_num_seqs": a.max_num_seqs, "model": "tiny-llava", "max_tokens": a.max_tokens,
                     "pin_cores": not a.no_pin, "threads": spec.threads},
         "py_spy": {"rate_hz": a.rate, "flags": "--nonblocking --threads, idle threads dropped", "gil": GIL_NOTE,
                    "raw_dir": str(raw_dir)},
