@@ -79,6 +79,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                    help="--target local: torch threads per worker process (default: %(default)s)")
     t.add_argument("--local-no-pin", action="store_true",
                    help="--target local: do not pin each emulated GPU's workers to one CPU core")
+    t.add_argument("--interleave", action="store_true",
+                   help="start every live target at once and run each rate on all of them before the next rate "
+                        "(default: target after target); fairer on a shared host whose speed drifts, as a rate's "
+                        "cells then run minutes closer (a target waiting its turn stays up, idle)")
 
     w = p.add_argument_group("workload")
     w.add_argument("--request-rate", default="inf",

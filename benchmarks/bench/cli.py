@@ -152,13 +152,14 @@ def build_plan(a: argparse.Namespace) -> Plan:
                 max_concurrency=a.max_concurrency, duration_s=a.duration, warmup_specs=warm, sims=sims,
                 local=LocalOptions(model=a.local_model, encode_workers=a.local_encode, pin_cores=not a.local_no_pin,
                                    threads=a.local_threads),
-                admin_headers={"Authorization": f"Bearer {a.admin_token}"} if a.admin_token else {})
+                admin_headers={"Authorization": f"Bearer {a.admin_token}"} if a.admin_token else {},
+                interleave=a.interleave)
 
 
 def _context(a: argparse.Namespace, argv: list[str], plan: Plan, load_at_start: list[float]) -> dict:
     workload = {"rates": [rate_label(r) for r in plan.rates], "burstiness": a.burstiness,
                 "max_concurrency": a.max_concurrency, "requests_built": len(plan.specs), "duration_s": a.duration,
-                "warmup_requests": a.warmup, "ignore_eos": not a.no_ignore_eos}
+                "warmup_requests": a.warmup, "ignore_eos": not a.no_ignore_eos, "interleave": a.interleave}
     if a.dataset:
         workload["dataset"] = str(a.dataset)
     else:

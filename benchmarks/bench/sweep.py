@@ -3,14 +3,18 @@
 A system is a target with, on tierserve targets, a preset. Each target is opened once (a local
 cluster starts once). Rates go in order, and at each rate every system of the target runs in turn,
 its preset applied through the admin endpoint just before: the cells compared with each other run
-back to back, so a shared machine's changing background load hits them alike. All cells use the same
-requests and the same unit-rate arrival gaps (scaled by the rate), so differences between systems are
-not differences between draws. Cells run one at a time: cells never load each other.
+back to back, so a shared machine's changing background load hits them alike. With `interleave`, every
+live target is opened at once and each rate runs on all of them before the next rate, so that holds across
+targets too (target by target, plain vLLM's cells and tierserve's were minutes apart, and this host's speed
+drifts by 20-50 % within minutes). All cells use the same requests and the same unit-rate arrival gaps
+(scaled by the rate), so differences between systems are not differences between draws. Cells run one at a
+time: cells never load each other (a target waiting for its turn is idle: plain vLLM burns ~0.02 cores so).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -65,6 +69,8 @@ class Plan:
     sims: dict[Target, Any] = field(default_factory=dict)
     """Loaded plan files (sim_target.SimTarget) of the sim targets."""
     admin_headers: dict[str, str] = field(default_factory=dict)
+    interleave: bool = False
+    """Open every live target at once and run each rate on all of them before the next (see the module)."""
 
 
 class Observer(Protocol):
@@ -135,25 +141,52 @@ def _policy(system: System, rate: float, plan: Plan, encode_workers: int) -> dic
 
 
 def run(plan: Plan, observer: Observer, failures: list[str] | None = None) -> list[Cell]:
-    """Every cell, system-major. A target that fails (unreachable, a preset refused, every warm-up failed)
-    is reported in `failures` and the others still run, keeping the cells measured so far; without a
-    `failures` list, the first such error is raised."""
+    """Every cell, system-major (rate-major over all live targets with `plan.interleave`). A target that fails
+    (unreachable, a preset refused, every warm-up failed) is reported in `failures` and the others still run,
+    keeping the cells measured so far; without a `failures` list, the first such error is raised."""
     cells: list[Cell] = []
     targets: dict[Target, list[System]] = {}
     for s in plan.systems:
         targets.setdefault(s.target, []).append(s)
+
+    def failed(e: Exception) -> None:
+        if failures is None:
+            raise e
+        failures.append(str(e))
+        observer.note(f"[red]error:[/] {e}; the other targets still run")
+
+    live = {t: systems for t, systems in targets.items() if t.kind != "sim"}
     for target, systems in targets.items():
-        try:
-            if target.kind == "sim":
+        if target.kind == "sim":
+            try:
                 for system in systems:
                     cells += [_sim_cell(system, rate, plan, observer) for rate in plan.rates]
-            else:
-                _run_target(target, systems, plan, observer, cells)
-        except (TargetError, PresetError) as e:
-            if failures is None:
-                raise
-            failures.append(str(e))
-            observer.note(f"[red]error:[/] {e}; the other targets still run")
+            except (TargetError, PresetError) as e:
+                failed(e)
+        elif not plan.interleave:
+            try:
+                with Session.open(target, systems, plan, observer) as session:
+                    for i, rate in enumerate(plan.rates):
+                        session.run_rate(i, rate, plan, observer, cells)
+            except (TargetError, PresetError) as e:
+                failed(e)
+    if plan.interleave and live:
+        with contextlib.ExitStack() as every:
+            sessions: list[tuple[Session, contextlib.ExitStack]] = []
+            for target, systems in live.items():
+                own = every.enter_context(contextlib.ExitStack())  # closed at once if its target fails later
+                try:
+                    sessions.append((own.enter_context(Session.open(target, systems, plan, observer)), own))
+                except (TargetError, PresetError) as e:
+                    failed(e)
+            for i, rate in enumerate(plan.rates):
+                for session, own in list(sessions):
+                    try:
+                        session.run_rate(i, rate, plan, observer, cells)
+                    except (TargetError, PresetError) as e:
+                        sessions.remove((session, own))
+                        own.close()
+                        failed(e)
     order = {s.label: i for i, s in enumerate(plan.systems)}
     return sorted(cells, key=lambda c: (order[c.system], plan.rates.index(c.rate) if not math.isnan(c.rate) else 0))
 
@@ -175,46 +208,65 @@ def _as_itself(target: Target, systems: list[System], plan: Plan, observer: Obse
     return [system]
 
 
-def _run_target(target: Target, systems: list[System], plan: Plan, observer: Observer, cells: list[Cell]) -> None:
-    """Open `target` once; for each rate, each system in turn: apply its preset's policy (when it differs
-    from the one in force), warm up (first rate only), replay; then put back the policy found (URL targets).
-    Appends to `cells` as it goes, so a failure keeps what was measured."""
-    presets = [s.preset for s in systems if s.preset is not None]
-    with open_target(target, presets, plan.local, observer.note) as url:
-        info = preflight(url, plan.client.headers, plan.admin_headers)
-        if presets and any(p.policy for p in presets) and info.policy is None:
-            systems, presets = _as_itself(target, systems, plan, observer), []
-        model = plan.model or (info.models[0] if info.models else None)
-        if model is None:
-            raise TargetError(f"{target.label} serves no models (GET /v1/models is empty); pass --model")
-        if plan.model and plan.model not in info.models:
-            observer.note(f"[yellow]warning:[/] {target.label} lists models {info.models}, not {plan.model!r}")
-        opts = ClientOptions(model=model, ignore_eos=plan.client.ignore_eos, timeout_s=plan.client.timeout_s,
-                             headers=plan.client.headers)
-        n_encode = sum(w.get("role") == "encode" for w in info.workers) or 1
-        for system in systems:
-            for missing in missing_workers(system.preset, info.workers) if system.preset else []:
-                observer.note(f"[yellow]warning:[/] {system.label}: the cluster has no {missing}; the preset runs without it")
-        applied: dict[str, Any] | None = None
-        try:
-            for i, rate in enumerate(plan.rates):  # rate-major: a rate's cells run back to back, under the same
-                for system in systems:             # background load on a shared machine
-                    policy = _policy(system, rate, plan, n_encode)
-                    if policy is None and system.preset is not None:
-                        policy = info.policy  # `current`: the policy found, even after another preset ran
-                    if policy is not None and policy != applied:
-                        _apply(url, system, policy, plan)
-                        applied = policy
-                    if i == 0:
-                        _warm_up(url, plan, opts, system.label)
-                    cells.append(_cell(url, system, rate, plan, opts, observer, policy))
-        finally:
-            if info.policy is not None and presets and target.kind == "url":
-                with httpx.Client(base_url=url, headers=plan.admin_headers, timeout=10) as admin:
-                    try:
-                        apply_policy(admin, info.policy, "restoring the policy")
-                    except PresetError as e:
-                        observer.note(f"[yellow]warning:[/] {e}")
+@dataclass
+class Session:
+    """One live target, open for the run: its URL, what preflight found, and the policy in force."""
+
+    target: Target
+    systems: list[System]
+    url: str
+    info: Any
+    opts: ClientOptions
+    n_encode: int
+    presets: list[Preset]
+    applied: dict[str, Any] | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, target: Target, systems: list[System], plan: Plan, observer: Observer):
+        """Open `target` (a local cluster or plain vLLM starts here) and preflight it; on leaving, put back the
+        policy found (URL targets) and stop what was started."""
+        presets = [s.preset for s in systems if s.preset is not None]
+        with open_target(target, presets, plan.local, observer.note) as url:
+            info = preflight(url, plan.client.headers, plan.admin_headers)
+            if presets and any(p.policy for p in presets) and info.policy is None:
+                systems, presets = _as_itself(target, systems, plan, observer), []
+            model = plan.model or (info.models[0] if info.models else None)
+            if model is None:
+                raise TargetError(f"{target.label} serves no models (GET /v1/models is empty); pass --model")
+            if plan.model and plan.model not in info.models:
+                observer.note(f"[yellow]warning:[/] {target.label} lists models {info.models}, not {plan.model!r}")
+            opts = ClientOptions(model=model, ignore_eos=plan.client.ignore_eos, timeout_s=plan.client.timeout_s,
+                                 headers=plan.client.headers)
+            n_encode = sum(w.get("role") == "encode" for w in info.workers) or 1
+            for system in systems:
+                for missing in missing_workers(system.preset, info.workers) if system.preset else []:
+                    observer.note(f"[yellow]warning:[/] {system.label}: the cluster has no {missing}; the preset runs "
+                                  "without it")
+            try:
+                yield cls(target, systems, url, info, opts, n_encode, presets)
+            finally:
+                if info.policy is not None and presets and target.kind == "url":
+                    with httpx.Client(base_url=url, headers=plan.admin_headers, timeout=10) as admin:
+                        try:
+                            apply_policy(admin, info.policy, "restoring the policy")
+                        except PresetError as e:
+                            observer.note(f"[yellow]warning:[/] {e}")
+
+    def run_rate(self, i: int, rate: float, plan: Plan, observer: Observer, cells: list[Cell]) -> None:
+        """The cells of rate number `i`, each system in turn: apply its preset's policy (when it differs from the
+        one in force), warm up (first rate only), replay. Appends to `cells` as it goes, so a failure keeps what
+        was measured."""
+        for system in self.systems:
+            policy = _policy(system, rate, plan, self.n_encode)
+            if policy is None and system.preset is not None:
+                policy = self.info.policy  # `current`: the policy found, even after another preset ran
+            if policy is not None and policy != self.applied:
+                _apply(self.url, system, policy, plan)
+                self.applied = policy
+            if i == 0:
+                _warm_up(self.url, plan, self.opts, system.label)
+            cells.append(_cell(self.url, system, rate, plan, self.opts, observer, policy))
 
 
 def _cell(url: str, system: System, rate: float, plan: Plan, opts: ClientOptions, observer: Observer,

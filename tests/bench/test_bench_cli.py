@@ -128,6 +128,49 @@ def test_a_target_failing_part_way_keeps_the_other_targets_cells(tmp_path, capsy
     assert len(doc["failed_targets"]) == 1 and "every warm-up request failed" in doc["failed_targets"][0]
 
 
+def _order_of_posts(interleave: bool, tmp_path) -> list[str]:
+    """Which of two foreign servers each chat request reached, consecutive repeats merged."""
+    log: list[str] = []
+    servers = []
+    for name in ("a", "b"):
+        handler = type("H", (_Handler,), {"mode": "sse",
+                                          "do_POST": lambda self, n=name: (log.append(n), _Handler.do_POST(self))})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append((name, server))
+    try:
+        args = [f"--target={n}=http://127.0.0.1:{s.server_address[1]}" for n, s in servers]
+        assert main([*args, "--sweep-rate", "20,40", "--num-requests", "3", "--output-tokens", "2", "--quiet",
+                     "--no-plots", "--out", str(tmp_path), *(["--interleave"] if interleave else [])]) == 0
+    finally:
+        for _, s in servers:
+            s.shutdown()
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [(c["system"], c["rate"]) for c in doc["cells"]] == [("a", 20), ("a", 40), ("b", 20), ("b", 40)]
+    assert doc["workload"]["interleave"] is interleave
+    return [n for i, n in enumerate(log) if i == 0 or log[i - 1] != n]
+
+
+def test_interleave_runs_each_rate_on_every_target_before_the_next(tmp_path):
+    assert _order_of_posts(False, tmp_path / "plain") == ["a", "b"]  # target after target
+    assert _order_of_posts(True, tmp_path / "interleaved") == ["a", "b", "a", "b"]  # rate after rate
+
+
+def test_interleaved_a_target_failing_keeps_the_others_cells(tmp_path, capsys):
+    good, good_url = _serve("sse")
+    bad, bad_url = _serve("json")
+    try:
+        code = main(["--target", f"bad={bad_url}", "--target", f"good={good_url}", "--sweep-rate", "4,8",
+                     "--num-requests", "3", "--output-tokens", "3", "--quiet", "--no-plots", "--interleave",
+                     "--out", str(tmp_path)])
+    finally:
+        good.shutdown()
+        bad.shutdown()
+    assert code == 1 and "1 target(s) failed part-way" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [(c["system"], c["rate"]) for c in doc["cells"]] == [("good", 4), ("good", 8)]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--goodput", "ttft:fast", "tpot:5"], "not a number of milliseconds"),
     (["--goodput", "ttft:500"], "needs both ttft and tpot"),
