@@ -11,6 +11,9 @@ thread waiting for the GIL or for its core is still sampled, and would otherwise
 
     .venv/bin/pip install py-spy
     python -m benchmarks.process_profile --concurrency 1 16 --requests 150 400
+
+Other layouts: `--llm decode --local-prefill --offload-share 1` (encode and a prefill worker on core 0, a decode
+worker on core 1), `--max-num-seqs N` (each LLM worker's step size).
 """
 
 from __future__ import annotations
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give one --requests count (>= 1) per --concurrency level (>= 1)")
     raw_dir = a.raw_dir or Path(tempfile.mkdtemp(prefix="process-profile-"))
     raw_dir.mkdir(parents=True, exist_ok=True)
+    if a.max_num_seqs is not None and a.max_num_seqs < 1:
+        p.error("--max-num-seqs must be >= 1")
     if a.offload_share and not a.local_prefill:
         p.error("--offload-share needs --local-prefill (the worker the share goes to)")
     spec = ClusterSpec(encode_workers=1, llm_roles=a.llm.split(","), pin_cores=not a.no_pin, port=free_port(),
@@ -223,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.process_profile " + " ".join(sys.argv[1:] if argv is None else argv),
         "what": "per process: CPU (/proc, per thread) over the load window, each thread's shared out over the "
                 "categories of its busy py-spy samples",
-        "cluster": {"encode": 1, "llm": a.llm, "local_prefill": a.local_prefill, "offload_share": a.offload_share, "max_num_seqs": a.max_num_seqs, "model": "tiny-llava", "max_tokens": a.max_tokens,
+        "cluster": {"encode": 1, "llm": a.llm, "local_prefill": a.local_prefill, "offload_share": a.offload_share,
+                    "max_num_seqs": a.max_num_seqs, "model": "tiny-llava", "max_tokens": a.max_tokens,
                     "pin_cores": not a.no_pin, "threads": spec.threads},
         "py_spy": {"rate_hz": a.rate, "flags": "--nonblocking --threads, idle threads dropped", "gil": GIL_NOTE,
                    "raw_dir": str(raw_dir)},
