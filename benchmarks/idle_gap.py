@@ -14,7 +14,7 @@ ttft_stages.py: to_encode, encode, to_first_token, to_client) from the coordinat
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import os
 import random
 import statistics
@@ -28,30 +28,42 @@ from rich.progress import Progress
 
 from benchmarks.bench.report import write_json
 from coordinator.launcher import ClusterSpec, LocalCluster
-from coordinator.planner.live_http import chat_body, mark_offsets
+from coordinator.planner.live_http import chat_body
+from coordinator.planner.replay import ReplayRecord, stream_request
+from coordinator.planner.ttft_stages import STAGES as TTFT_STAGES
+from coordinator.planner.ttft_stages import live_stages
+from coordinator.planner.workload import SimRequest
 from coordinator.redis_server import free_port
 
-STAGES = ("to_encode", "encode", "to_first_token", "to_client", "ttft")
+STAGES = (*TTFT_STAGES, "ttft")
+WORDS, TOKENS = 4, 4
+"""Filler words beside the one image, and output tokens, of every request."""
 
 
-def one_request(client: httpx.Client, body: dict) -> tuple[float, ...]:
-    """(to_encode, encode, to_first_token, to_client, ttft) seconds of one streamed request."""
-    t0, first, marks = time.perf_counter(), None, {}
-    with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", ())):
-                first = time.perf_counter() - t0
-            if chunk.get("usage"):
-                marks = mark_offsets((chunk.get("tierserve") or {}).get("stages_s") or {})
-    if first is None or not {"encode_start", "encode_end", "first_token"} <= marks.keys():
-        raise RuntimeError(f"no first token or no per-hop marks in the answer (marks: {sorted(marks)})")
-    return (marks["encode_start"], marks["encode_end"] - marks["encode_start"],
-            marks["first_token"] - marks["encode_end"], first - marks["first_token"], first)
+async def one_request(client: httpx.AsyncClient, body: dict) -> tuple[float, ...]:
+    """(to_encode, encode, to_first_token, to_client, ttft) seconds of one streamed request: the replayer's own
+    request (replay.stream_request) and stage split (ttft_stages.live_stages)."""
+    record = ReplayRecord(SimRequest(0, 0.0, "image", 1, 0, WORDS, TOKENS))
+    await stream_request(client, record, body, time.perf_counter(), 0.0)
+    stages = live_stages([record])
+    if record.error is not None or not stages:
+        raise RuntimeError(f"a request failed or carried no per-hop marks: {record.error or sorted(record.marks)}")
+    return (*(stages[k] for k in TTFT_STAGES), record.ttft)
+
+
+async def measure(url: str, order: list[float], warmup: int, progress: Progress) -> dict[float, list[tuple[float, ...]]]:
+    """Each request after its idle gap (ms), one at a time; the warm-up ones unrecorded."""
+    body = chat_body("tiny-llava", WORDS, 1, TOKENS, stream=True)
+    rows: dict[float, list[tuple[float, ...]]] = {g: [] for g in order}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        for _ in range(warmup):
+            await one_request(client, body)
+        task = progress.add_task("requests after idle gaps", total=len(order))
+        for gap in order:
+            await asyncio.sleep(gap / 1e3)
+            rows[gap].append(await one_request(client, body))
+            progress.advance(task)
+    return rows
 
 
 def quartiles(xs: list[float]) -> list[float]:
@@ -74,18 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = ClusterSpec(encode_workers=1, llm_roles=["combined"], pin_cores=True, port=free_port(), key_prefix="idle-gap")
     order = [g for g in a.gaps_ms for _ in range(a.requests)]
     random.Random(a.seed).shuffle(order)
-    rows: dict[float, list[tuple[float, ...]]] = {g: [] for g in a.gaps_ms}
-    body = chat_body("tiny-llava", 4, 1, 4, stream=True)
     console = Console(stderr=True)
-    with LocalCluster(spec) as cluster, httpx.Client(base_url=cluster.url, timeout=60) as client, \
-            Progress(console=console, transient=True) as progress:
-        for _ in range(a.warmup):
-            one_request(client, body)
-        task = progress.add_task("requests after idle gaps", total=len(order))
-        for gap in order:
-            time.sleep(gap / 1e3)
-            rows[gap].append(one_request(client, body))
-            progress.advance(task)
+    with LocalCluster(spec) as cluster, Progress(console=console, transient=True) as progress:
+        rows = asyncio.run(measure(cluster.url, order, a.warmup, progress))
     base = min(a.gaps_ms)
     table = {}
     for g in a.gaps_ms:
