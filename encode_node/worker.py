@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 
 from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.colocation import ColocationChannel, channel_path
-from coordinator.protocol.delivery import DeliveryError, deliver
+from coordinator.protocol.delivery import DeliveryError, deliver, transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import (
     EncodeBatch,
@@ -252,7 +252,8 @@ class EncodeWorker:
         t0 = time.perf_counter()
         try:  # the chosen worker first; if it fails (died, hangs), the least loaded of the others
             target, descs = await deliver(self.sender, [target, *[w for w in others if w is not target]],
-                                          job.request_id, {"mm_embeds": emb}, lambda ws: ws[0] if ws else None)
+                                          transfer_id(job.request_id, job.attempt), {"mm_embeds": emb},
+                                          lambda ws: ws[0] if ws else None)
         except DeliveryError as e:
             await self.fail([job], f"sending embeddings failed: {e}")
             return

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from redis.asyncio import Redis
 
-from coordinator.protocol.delivery import DeliveryError, deliver
+from coordinator.protocol.delivery import DeliveryError, deliver, transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import DecodeJob, PrefillJob
 from coordinator.protocol.registry import WorkerRegistry, WorkerStatus, least_loaded
@@ -77,7 +77,7 @@ class KVHandoff:
                 target, descs = least_loaded(decoders, self._rr), []
                 break
             try:
-                target, descs = await deliver(self.sender, decoders, job.request_id, {"kv": kv},
+                target, descs = await deliver(self.sender, decoders, transfer_id(job.request_id, job.attempt), {"kv": kv},
                                               lambda ws: least_loaded(ws, self._rr))
                 break
             except DeliveryError as e:

@@ -24,6 +24,7 @@ import time
 from redis.asyncio import Redis
 
 from coordinator.protocol.aborts import RecentAborts, listen_aborts, parse_abort
+from coordinator.protocol.delivery import transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.logprobs import PackedLogprobs
 from coordinator.protocol.messages import AbortJob, DecodeJob, PrefillJob, WorkerInfo, new_instance
@@ -157,7 +158,7 @@ class LLMWorker:
             if isinstance(job, AbortJob):
                 self.abort(job.request_id)
             elif job is not None:  # a job whose abort overtook it
-                self.spawn(self.receiver.discard(job.request_id))
+                self.spawn(self.receiver.discard(transfer_id(job.request_id, job.attempt)))
             await self.jobs.ack(entry_id)
 
     async def admit(self, entry_id: str, job: PrefillJob | DecodeJob) -> None:
@@ -205,7 +206,8 @@ class LLMWorker:
         if held is not None and held.attempt <= up_to and self.release(request_id):
             self.aborted.add(request_id)  # a step in flight will not publish it
             self.wake.set()
-            self.spawn(self.receiver.discard(request_id))  # tensors that arrived for it, if any
+            # tensors that arrived for the attempt it held, if any; a re-run's travel under another id
+            self.spawn(self.receiver.discard(transfer_id(request_id, held.attempt)))
 
     async def engine_once(self) -> None:
         """One step: apply aborts, admit, step in a thread, publish while the next step runs."""

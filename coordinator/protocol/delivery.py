@@ -19,6 +19,14 @@ SEND_RATE_FLOOR_BPS = 100e6
 MAX_TRIES = 3
 
 
+def transfer_id(request_id: str, attempt: int) -> str:
+    """The id a request's tensors travel under: its own id on the first attempt, one per re-run after that. A
+    worker that drops an aborted attempt's tensors refuses that id for a while (transport/inbox.py); a re-run
+    the coordinator started because it thought the worker dead (a heartbeat that lapsed on a loaded host) may
+    come back to that same worker, and its tensors must not be refused with the old attempt's."""
+    return request_id if attempt == 0 else f"{request_id}@{attempt}"
+
+
 class DeliveryError(RuntimeError):
     """No candidate took the tensors; the message lists why each failed."""
 

@@ -102,3 +102,34 @@ async def test_intake_is_bounded_and_the_backlog_counts_in_the_load(tiny, redis_
     finally:
         await asyncio.gather(*w._background, return_exceptions=True)
         await redis.aclose()
+
+
+async def test_a_rerun_that_comes_back_to_this_worker_is_taken(worker, tokenizer):
+    """The coordinator thought this worker dead (its heartbeat lapsed on a loaded host: seen live at 64 req/s) and
+    re-ran a request it held as attempt 1. The re-run's embeddings reach this same worker: they must be taken,
+    while the aborted attempt's late tensors are still refused."""
+    import torch
+
+    from coordinator.protocol.aborts import abort_message
+    from coordinator.protocol.delivery import transfer_id
+    from transport.base import TransportError
+
+    ids = tokenizer("hi")["input_ids"]
+    first = PrefillJob(request_id="r", prompt_token_ids=ids, sampling=SamplingParams(max_tokens=1), arrival=time.time())
+    worker.jobs_by_id["r"] = first
+    worker.abort(abort_message("r", 0))  # the coordinator's re-run aborts attempts <= 0
+    await asyncio.gather(*worker._background)
+    assert "r" not in worker.jobs_by_id
+    sender = make_sender("local")
+    try:
+        emb = {"mm_embeds": torch.zeros(2, 8)}
+        with pytest.raises(TransportError, match="discarded"):
+            await sender.send(worker.receiver.address, transfer_id("r", 0), emb)
+        descs = await sender.send(worker.receiver.address, transfer_id("r", 1), emb)
+    finally:
+        await sender.close()
+    rerun = first.model_copy(update={"attempt": 1, "embeddings": descs})
+    worker.jobs_by_id["r"] = rerun
+    await worker.admit("0-0", rerun)
+    assert [(job, req.request_id) for job, req in worker.pending] == [(rerun, "r")]
+    assert torch.equal(worker.pending[0][1].mm_embeddings, emb["mm_embeds"])
