@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.colocation import ColocationChannel, channel_path
+from coordinator.protocol.compute_thread import ComputeThread
 from coordinator.protocol.delivery import DeliveryError, deliver, transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import (
@@ -71,6 +72,8 @@ class EncodeWorker:
         self.router = RequestRouter(cfg.worker_id)
         self.channel = ColocationChannel(channel_path(cfg.key_prefix, cfg.worker_id))
         self.share = EncoderGpuShare(self.channel, StreamPartition(cfg.device, "encoder"))
+        self.compute = ComputeThread(f"{cfg.worker_id}-encoder")
+        """Where every encoder forward runs: one thread, not the default executor's."""
         self._policy_read = -POLICY_REFRESH_S
         self.batch_max_wait_s = PolicyConfig().batch.max_wait_s
         """The dispatcher's longest hold of a request (BatchPolicyConfig.max_wait_s), as last read."""
@@ -99,6 +102,7 @@ class EncodeWorker:
         await self.sender.close()
         self.channel.encoder_exit(False)
         self.channel.close()
+        self.compute.close()
 
     async def drain_on(self, stop: asyncio.Event, halt: asyncio.Event, presence: Presence) -> None:
         """When `stop` comes, drain (cfg.drain_timeout_s): take no new work, finish what was released here, and
@@ -177,7 +181,7 @@ class EncodeWorker:
         scan = asyncio.ensure_future(self.registry.alive(PREFILLING))
         scan.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure unread on an early exit
         try:  # waits out a stolen step, if one runs
-            _, (ok, batch) = await asyncio.to_thread(self.share.run_batch, len(ok), tokens, encode)
+            _, (ok, batch) = await self.compute.run(self.share.run_batch, len(ok), tokens, encode)
         except Exception as e:
             scan.cancel()
             log.exception("encode failed", extra={"batch": len(ok)})

@@ -24,6 +24,7 @@ import time
 from redis.asyncio import Redis
 
 from coordinator.protocol.aborts import RecentAborts, listen_aborts, parse_abort
+from coordinator.protocol.compute_thread import ComputeThread
 from coordinator.protocol.delivery import transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.logprobs import PackedLogprobs
@@ -75,6 +76,8 @@ class LLMWorker:
         self._background: set[asyncio.Task] = set()
         self.share = share
         """Set when this worker shares an encode GPU (cfg.colocated_with)."""
+        self.compute = ComputeThread(f"{cfg.worker_id}-engine")
+        """Where every engine call that computes (add, step) runs: one thread, not the default executor's."""
         self.instance = new_instance()
         """This process's WorkerInfo.instance (info() is rebuilt once the receiver knows its address)."""
 
@@ -117,6 +120,7 @@ class LLMWorker:
         await self.jobs.delete()
         await self.sender.close()
         await self.receiver.close()
+        self.compute.close()
         self.report_share()
 
     async def drain_on(self, stop: asyncio.Event, halt: asyncio.Event, presence: Presence) -> None:
@@ -225,8 +229,8 @@ class LLMWorker:
             return
         try:
             if self.share is None:
-                outputs = await asyncio.to_thread(self.engine.step)
-            elif (outputs := await asyncio.to_thread(self.share.run_step, self.engine.step)) is None:
+                outputs = await self.compute.run(self.engine.step)
+            elif (outputs := await self.compute.run(self.share.run_step, self.engine.step)) is None:
                 await asyncio.sleep(GPU_BUSY_POLL_S)  # the encoder has the GPU; look again shortly
                 return
         except Exception as e:  # the engine fails a request that breaks a step alone; this is a bug beyond that
@@ -255,7 +259,7 @@ class LLMWorker:
             return
         # Off the event loop, like step(): vLLM processes a request's inputs in add(), and its first multimodal
         # request takes seconds there, longer than the heartbeat TTL (the worker would be reaped as dead).
-        for job, req, e in await asyncio.to_thread(self._add_all, ready):
+        for job, req, e in await self.compute.run(self._add_all, ready):
             log.error("engine refused request", extra={"request_id": req.request_id, "error": str(e)})
             self.release(req.request_id)
             await self.publish_errors([job], f"refused by {self.cfg.worker_id}: {e}")
