@@ -94,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(a.repeats):
         for name, executors in arms.items():
             runs[name].append(closed_loop(model, engine, executors, a.concurrency, a.requests, a.text_tokens, seed=r))
-            print(f"repeat {r + 1} {name:6s} {runs[name][-1]['cpu_ms_per_request']:.2f} ms CPU a request", file=sys.stderr)
-    median = {k: {m: round(statistics.median(run[m] for run in v), 3) for m in ("cpu_ms_per_request", "wall_ms_per_request")}
-              for k, v in runs.items()}
+            cpu = runs[name][-1]["cpu_ms_per_request"]
+            print(f"repeat {r + 1} {name:6s} {cpu:.2f} ms CPU a request", file=sys.stderr)
+    metrics = ("cpu_ms_per_request", "wall_ms_per_request")
+    median = {k: {m: round(statistics.median(run[m] for run in v), 3) for m in metrics} for k, v in runs.items()}
     report = {
         "command": "python -m benchmarks.compute_thread " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.bench.report import write_json
 
     write_json(a.out, report)
-    print(f"CPU ms a request, median: one thread {median['one']['cpu_ms_per_request']:.2f}, rotating "
-          f"{median['rotate']['cpu_ms_per_request']:.2f} (x{report['rotate_over_one']['cpu_ms_per_request']}); wrote {a.out}")
+    one, rotate = median["one"]["cpu_ms_per_request"], median["rotate"]["cpu_ms_per_request"]
+    print(f"CPU ms a request, median: one thread {one:.2f}, rotating {rotate:.2f} "
+          f"(x{report['rotate_over_one']['cpu_ms_per_request']}); wrote {a.out}")
     return 0
 
 

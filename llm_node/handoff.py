@@ -77,8 +77,8 @@ class KVHandoff:
                 target, descs = least_loaded(decoders, self._rr), []
                 break
             try:
-                target, descs = await deliver(self.sender, decoders, transfer_id(job.request_id, job.attempt), {"kv": kv},
-                                              lambda ws: least_loaded(ws, self._rr))
+                target, descs = await deliver(self.sender, decoders, transfer_id(job.request_id, job.attempt),
+                                              {"kv": kv}, lambda ws: least_loaded(ws, self._rr))
                 break
             except DeliveryError as e:
                 failures.append(str(e))
