@@ -67,6 +67,10 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--max-wait", type=float, default=1.0, help="A: cap on a batch's age in s (default: %(default)s)")
     b.add_argument("--batch-timeout", type=float, default=0.05, help="fixed_timeout's timeout in s")
     b.add_argument("--queue-length", type=int, default=4, help="queue_length's trigger")
+    b.add_argument("--work-conserving", action="store_true",
+                   help="fixed_timeout, queue_length, adaptive: also release what waits whenever the encoder is idle, "
+                        "so a batch only forms while the encoder is busy (without it a request may wait up to "
+                        "--max-wait for its batch to fill beside an idle encoder)")
     b.add_argument("--offload-share", type=float, default=0.0,
                    help="s: share of prefills run on the encode GPU's co-located prefill worker (default: %(default)s)")
     b.add_argument("--work-stealing", action="store_true",
@@ -91,7 +95,8 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
         admin_token=admin_token, migration_limit=a.migration_limit, max_in_flight=a.max_in_flight, policy=PolicyConfig(batch=BatchPolicyConfig(
             name=a.batch_policy, max_batch=a.max_batch, fill_probability=a.fill_probability, max_wait_s=a.max_wait,
-            timeout_s=a.batch_timeout, queue_length=a.queue_length), offload=OffloadConfig(s=a.offload_share),
+            timeout_s=a.batch_timeout, queue_length=a.queue_length, work_conserving=a.work_conserving),
+            offload=OffloadConfig(s=a.offload_share),
             stealing=WorkStealingConfig(enabled=a.work_stealing, max_stolen=a.max_stolen,
                                         remote_load_threshold=a.steal_load_threshold),
             partition=SMPartitionConfig(mode=a.sm_partition)),
