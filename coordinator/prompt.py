@@ -111,6 +111,10 @@ class PromptBuilder:
             max_model_len = known if isinstance(known, int) and known < _NO_LIMIT else None
         self.max_model_len = max_model_len
         self.max_prompt_chars = max_prompt_chars
+        added = self.tokenizer.get_added_vocab()
+        self._added: dict[str, int] = {tok: added[tok] for tok in self.view.placeholders.values() if tok in added}
+        """Each placeholder that is one added token, and its id (PromptBuilder._tokenize)."""
+        self._placeholder_ids = frozenset(self._added.values())
         # build() runs in worker threads, several at once: each tokenizes with its own copy.
         self.tokenizers = TokenizerPool(self.tokenizer)
 
@@ -142,14 +146,37 @@ class PromptBuilder:
         if spelled != [self.view.placeholders[m] for m, *_ in parts]:  # text parts that only form it once joined
             raise RequestError(f"the text spells a media placeholder ({', '.join(self.view.placeholders.values())}); "
                                "remove it (media go in image_url, video or input_audio parts)", "messages")
-        expanded = pieces[0] + "".join(tok * item.num_tokens + after
-                                       for tok, item, after in zip(spelled, loaded.media, pieces[2::2]))
-        with self.tokenizers.borrow() as tokenizer:
-            ids: list[int] = tokenizer(expanded)["input_ids"]
+        ids = self._tokenize(text, pieces, [(tok, item.num_tokens) for tok, item in zip(spelled, loaded.media)])
         n_media = sum(item.num_tokens for item in loaded.media)
         max_tokens = self._check_length(req, len(ids), n_media, _describe(loaded.media), sampling.max_tokens)
         return BuiltPrompt(prompt_token_ids=ids, images=loaded.images, num_image_tokens=n_media, prompt_text=text,
                            media=loaded.media, max_tokens=max_tokens)
+
+    def _tokenize(self, text: str, pieces: list[str], runs: list[tuple[str, int]]) -> list[int]:
+        """The ids of `text` with its n-th placeholder expanded to runs[n]'s count of it.
+
+        A placeholder that is one added token of the tokenizer splits the text around it before anything else
+        is tokenized, so the ids of the text as rendered, each placeholder id repeated, are those of the text
+        expanded (tests/coordinator/test_prompt_expansion.py), without tokenizing thousands of placeholders
+        (a Qwen2-VL video, a high-res image). Otherwise the expanded text is tokenized."""
+        single = {tok: self._added.get(tok) for tok, _ in runs}
+        with self.tokenizers.borrow() as tokenizer:
+            if all(i is not None for i in single.values()):
+                ids: list[int] = tokenizer(text)["input_ids"]
+                out, n = [], iter(runs)
+                for i in ids:
+                    if i in self._placeholder_ids:
+                        tok, count = next(n, ("", 0))
+                        if single.get(tok) != i:
+                            break  # not the order the text spells: take the slow path
+                        out.extend([i] * count)
+                    else:
+                        out.append(i)
+                else:
+                    if next(n, None) is None:
+                        return out
+            expanded = pieces[0] + "".join(tok * count + after for (tok, count), after in zip(runs, pieces[2::2]))
+            return tokenizer(expanded)["input_ids"]
 
     def _check_text_size(self, req: ChatCompletionRequest) -> None:
         """Refuse (413) more client text than --max-prompt-chars before it is rendered or tokenized: a
