@@ -219,17 +219,21 @@ class LLMWorker:
         for rid in self.aborted:
             self.engine.abort(rid)
         self.aborted.clear()
-        await self.admit_pending()
+        adds = self.take_pending()
+        if adds and self.share is not None:  # a shared GPU steps through its share: the adds go first, alone
+            await self.refuse(await self.compute.run(self._add_all, adds))
+            adds = []
         self.report_share()
-        if not self.engine.has_unfinished():
+        if not adds and not self.engine.has_unfinished():
             await self.flush()
             self.report_share()  # the flushed publish may have finished requests
             if not self.pending:
                 await self.wake.wait()
             return
+        refused: list = []
         try:
-            if self.share is None:
-                outputs = await self.compute.run(self.engine.step)
+            if self.share is None:  # the adds and the step in one hop to the compute thread, not two
+                refused, outputs = await self.compute.run(self._add_and_step, adds)
             elif (outputs := await self.compute.run(self.share.run_step, self.engine.step)) is None:
                 await asyncio.sleep(GPU_BUSY_POLL_S)  # the encoder has the GPU; look again shortly
                 return
@@ -237,6 +241,7 @@ class LLMWorker:
             log.exception("engine step failed")
             await self.fail_all(f"engine step failed: {e}")
             return
+        await self.refuse(refused)
         await self.flush()
         self.publishing = asyncio.create_task(self.emit(outputs))
 
@@ -251,21 +256,22 @@ class LLMWorker:
             task, self.publishing = self.publishing, None
             await task
 
-    async def admit_pending(self) -> None:
-        """Hand queued requests to the engine; one it refuses fails alone, with the engine's reason."""
+    def take_pending(self) -> list[tuple[PrefillJob | DecodeJob, EngineRequest]]:
+        """The queued requests still held (an abort may have dropped some), taken off the queue."""
         pending, self.pending = self.pending, []
-        ready = [(job, req) for job, req in pending if self.jobs_by_id.get(req.request_id) is job]  # not aborted
-        if not ready:
-            return
-        # Off the event loop, like step(): vLLM processes a request's inputs in add(), and its first multimodal
-        # request takes seconds there, longer than the heartbeat TTL (the worker would be reaped as dead).
-        for job, req, e in await self.compute.run(self._add_all, ready):
+        return [(job, req) for job, req in pending if self.jobs_by_id.get(req.request_id) is job]
+
+    async def refuse(self, refused: list) -> None:
+        """Fail each request the engine refused (a (job, request, error) of `_add_all`) alone, with its reason."""
+        for job, req, e in refused:
             log.error("engine refused request", extra={"request_id": req.request_id, "error": str(e)})
             self.release(req.request_id)
             await self.publish_errors([job], f"refused by {self.cfg.worker_id}: {e}")
 
     def _add_all(self, ready: list) -> list:
-        """engine.add each request; the (job, request, error) of those it refused."""
+        """engine.add each request; the (job, request, error) of those it refused. Off the event loop, like
+        step(): vLLM processes a request's inputs in add(), and its first multimodal request takes seconds
+        there, longer than the heartbeat TTL (the worker would be reaped as dead)."""
         refused = []
         for job, req in ready:
             try:
@@ -273,6 +279,11 @@ class LLMWorker:
             except ValueError as e:
                 refused.append((job, req, e))
         return refused
+
+    def _add_and_step(self, ready: list) -> tuple[list, list[StepOutput]]:
+        """`_add_all`, then a step if anything is left to run: what the compute thread does for one engine_once."""
+        refused = self._add_all(ready)
+        return refused, self.engine.step() if self.engine.has_unfinished() else []
 
     async def emit(self, outputs: list[StepOutput]) -> None:
         events = []
