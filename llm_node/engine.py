@@ -55,6 +55,7 @@ class ReferenceEngine:
     def __init__(self, model, tokenizer, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self.runner = ModelRunner(model)
+        self.runner.decode_batches.max_rows = self.config.max_num_seqs
         self.tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
         self.scheduler = Scheduler(self.config)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -113,3 +113,34 @@ def test_an_idle_engine_keeps_no_decode_batch(make_engine, cases, case_request, 
     drive(engine, {0: [case_request(cases[0]), case_request(cases[1])]})
     assert engine.runner.decode_batches.reused > 0  # the two decoded together over several steps
     assert not engine.has_unfinished() and not engine.runner.decode_batches.keeping
+
+
+def test_when_the_columns_run_out_the_buffer_is_laid_out_again_in_its_own_memory(tiny, one_thread):
+    """A fresh buffer is tens of MB to zero at serving sizes: laying out again reuses the held one when it has the
+    room, with every step still exact (stale keys in the padding get weight exactly 0)."""
+    runner = ModelRunner(tiny[0])
+    batches = runner.decode_batches
+    rng = random.Random(3)
+    kvs, tokens = _prefilled(runner, [[1] + [rng.randrange(10, 900) for _ in range(n)] for n in (149, 120)])
+    tokens = _step(runner, tokens, kvs)
+    memory, columns = batches._buf.kv.data_ptr(), batches._buf.kv.shape[4]
+    assert (batches.layouts, batches.allocations) == (1, 1)
+    for _ in range(columns):  # until the columns run out
+        tokens = _step(runner, tokens, kvs)
+        if batches.layouts == 2:
+            break
+    assert (batches.layouts, batches.allocations) == (2, 1)
+    assert batches._buf.kv.data_ptr() == memory
+    # A joiner longer than the buffer's columns needs a fresh, larger buffer.
+    joined, first = _prefilled(runner, [[1] + [rng.randrange(10, 900) for _ in range(columns)]])
+    _step(runner, tokens + first, kvs + joined)
+    assert batches.allocations == 2 and batches._buf.kv.shape[4] > columns
+
+
+def test_a_buffer_has_no_more_rows_than_a_step_can_hold(tiny, make_engine):
+    runner = ModelRunner(tiny[0])
+    runner.decode_batches.max_rows = 3
+    kvs, tokens = _prefilled(runner, [[1, 5, 9], [1, 7], [1, 2, 3, 4]])
+    _step(runner, tokens, kvs)
+    assert runner.decode_batches._buf.kv.shape[2] == 3  # not twice the rows, as without a bound
+    assert make_engine(max_num_seqs=5).runner.decode_batches.max_rows == 5  # the engine's own bound
