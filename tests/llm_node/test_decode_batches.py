@@ -140,7 +140,7 @@ def test_when_the_columns_run_out_the_buffer_is_laid_out_again_in_its_own_memory
 def test_a_buffer_has_no_more_rows_than_a_step_can_hold(tiny, make_engine):
     runner = ModelRunner(tiny[0])
     runner.decode_batches.max_rows = 3
-    kvs, tokens = _prefilled(runner, [[1, 5, 9], [1, 7], [1, 2, 3, 4]])
+    kvs, tokens = _prefilled(runner, [[1, 5, 9], [1, 7], [1, 2, 3, 5]])
     _step(runner, tokens, kvs)
     assert runner.decode_batches._buf.kv.shape[2] == 3  # not twice the rows, as without a bound
     assert make_engine(max_num_seqs=5).runner.decode_batches.max_rows == 5  # the engine's own bound
