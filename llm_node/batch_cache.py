@@ -15,8 +15,8 @@ requests join and leave at almost every step, the batch was rebuilt almost every
   results were dropped, or it was appended twice) is copied in again;
 - only when a joiner is longer than `hi`, or the columns run out, is the buffer laid out afresh, with
   room on both sides, so that happens once in many steps; in the held buffer's own memory when it has the
-  rows and columns (a fresh one of 64 rows x ~640 columns was ~80 MB to zero: a live worker at saturation
-  spent 0.5 s of every 6 there), in a fresh, larger one otherwise.
+  rows and columns (a fresh one of 64 rows x ~640 columns was ~80 MB to zero: py-spy found a live worker at
+  saturation 0.5 s of a 6 s window there), in a fresh, larger one otherwise.
 Rows are in the buffer's order, not the caller's: `DecodeBatch.order` maps one to the other.
 
 Padding columns hold zeros or the stale (finite) keys of a row's earlier sequence; the attention mask
