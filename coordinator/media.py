@@ -140,8 +140,12 @@ def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None
                 )
             im.verify()
         # verify() checks structure only; a truncated JPEG passes it. Decoding the pixels (bounded by
-        # max_image_pixels above) makes a truncated image a 400 here rather than a failure on the encoder.
+        # max_image_pixels above) makes a truncated image a 400 here rather than a failure on the encoder. A JPEG
+        # is decoded at 1/8 scale: every scan is still entropy-decoded, so a cut file fails the same way, in
+        # 0.70x the time of a full decode at 336 px, 0.56x at 1024x768 (benchmarks/image_check.py).
         with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
+            if im.format == "JPEG":
+                im.draft(im.mode, ((w + 7) // 8, (h + 7) // 8))
             im.load()
     except MediaError:
         raise

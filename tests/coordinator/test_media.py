@@ -137,6 +137,24 @@ def test_corrupt_png():
     assert load_error(data_url(bytes(raw))).message.startswith("image is corrupt")
 
 
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("cut", [0.5, 0.9, 0.99])
+def test_a_truncated_jpeg_is_refused_though_checked_at_a_smaller_scale(progressive, cut):
+    """A JPEG's pixels are decoded at 1/8 scale for the check: every scan is still read, so a cut file fails."""
+    import numpy as np
+
+    from benchmarks.bench.media import synthetic_image
+
+    with Image.open(io.BytesIO(synthetic_image(np.random.default_rng(1), 640, 480))) as im:
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", progressive=progressive)
+    raw = buf.getvalue()
+    checked = check_image_bytes(raw, MediaLimits())
+    assert (checked.width, checked.height, checked.format) == (640, 480, "JPEG")  # the real size, not the scaled
+    with pytest.raises(MediaError, match="image is corrupt"):
+        check_image_bytes(raw[: int(len(raw) * cut)], MediaLimits())
+
+
 def test_empty_image():
     assert load_error("data:image/png;base64,").message == "image is empty"
 
