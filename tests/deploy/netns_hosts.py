@@ -110,10 +110,16 @@ class NetnsHosts:
                             "-o", "PermitRootLogin=prohibit-password", "-o", "PasswordAuthentication=no",
                             "-o", "StrictModes=no", "-o", "UsePAM=no", "-o", "Subsystem=sftp internal-sftp"],
                            check=True, capture_output=True, text=True)
-            deadline = time.monotonic() + 10
-            while not pidfile.exists() and time.monotonic() < deadline:
+            # sshd creates its pid file before it writes the pid: wait for the number, not for the file.
+            deadline, pid = time.monotonic() + 10, ""
+            while time.monotonic() < deadline:
+                pid = pidfile.read_text().strip() if pidfile.exists() else ""
+                if pid.isdigit():
+                    break
                 time.sleep(0.05)
-            host.sshd_pid = int(pidfile.read_text())
+            if not pid.isdigit():
+                raise RuntimeError(f"sshd in namespace {host.namespace} wrote no pid to {pidfile} within 10 s")
+            host.sshd_pid = int(pid)
 
     def inventory_vars(self, host: NetnsHost) -> dict:
         """How Ansible reaches `host`, and where it keeps its files (the hosts share one filesystem)."""
