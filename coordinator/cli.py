@@ -72,11 +72,12 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
                      help="directory image_url may name local files under (repeatable; default: none)")
     api.add_argument("--request-timeout", type=float, help="seconds before a request is answered 504 (default: 120)")
     api.add_argument("--batch-policy", choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"],
-                     help="encode micro-batching policy (default: pass_through)")
+                     help="encode micro-batching policy (default: adaptive, work-conserving)")
     api.add_argument("--max-batch", type=int, help="B: most requests per encode micro-batch (default: 8)")
-    api.add_argument("--work-conserving", action="store_true",
-                     help="batching policies also release to an idle encoder at once (adaptive without it holds a "
-                          "request up to 1 s for its batch to fill, even beside an idle encoder)")
+    api.add_argument("--work-conserving", action=argparse.BooleanOptionalAction, default=None,
+                     help="batching policies also release to an idle encoder at once (the default; adaptive with "
+                          "--no-work-conserving holds a request up to 1 s for its batch to fill, even beside an idle "
+                          "encoder)")
     api.add_argument("--offload-share", type=float, help="s: share of prefills on the local prefill worker (default: 0)")
     api.add_argument("--max-in-flight", type=int,
                      help="requests admitted at once; more are answered 429 with Retry-After (default: 256)")
@@ -101,8 +102,9 @@ def coordinator_flags(a: argparse.Namespace) -> list[str]:
         flags += ["--allowed-local-media-dir", d]
     if getattr(a, "steal", False):
         flags.append("--work-stealing")
-    if getattr(a, "work_conserving", False):
-        flags.append("--work-conserving")
+    conserving = getattr(a, "work_conserving", None)
+    if conserving is not None:
+        flags.append("--work-conserving" if conserving else "--no-work-conserving")
     return flags
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from coordinator.auth import SecretError, bind_refusal, is_loopback, load_secrets
-from coordinator.config import CoordinatorConfig
+from coordinator.config import SERVING_BATCH, CoordinatorConfig
 from coordinator.protocol import envs
 from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
 from coordinator.policies.sm_partition import SMPartitionConfig
@@ -60,17 +60,17 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--admin-token-file", type=Path, default=None, metavar="PATH",
                    help="a file holding the admin token (used when --admin-token is not given)")
     b = p.add_argument_group("encode dispatch (micro-batching) policy; PUT /v1/admin/policy changes it live")
-    b.add_argument("--batch-policy", default="pass_through",
+    b.add_argument("--batch-policy", default=SERVING_BATCH.name,
                    choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"], help="(default: %(default)s)")
     b.add_argument("--max-batch", type=int, default=8, help="B: most requests per micro-batch (default: %(default)s)")
     b.add_argument("--fill-probability", type=float, default=0.6, help="adaptive's p (default: %(default)s)")
     b.add_argument("--max-wait", type=float, default=1.0, help="A: cap on a batch's age in s (default: %(default)s)")
     b.add_argument("--batch-timeout", type=float, default=0.05, help="fixed_timeout's timeout in s")
     b.add_argument("--queue-length", type=int, default=4, help="queue_length's trigger")
-    b.add_argument("--work-conserving", action="store_true",
+    b.add_argument("--work-conserving", action=argparse.BooleanOptionalAction, default=SERVING_BATCH.work_conserving,
                    help="fixed_timeout, queue_length, adaptive: also release what waits whenever the encoder is idle, "
-                        "so a batch only forms while the encoder is busy (without it a request may wait up to "
-                        "--max-wait for its batch to fill beside an idle encoder)")
+                        "so a batch only forms while the encoder is busy (with --no-work-conserving a request may wait "
+                        "up to --max-wait for its batch to fill beside an idle encoder; default: %(default)s)")
     b.add_argument("--offload-share", type=float, default=0.0,
                    help="s: share of prefills run on the encode GPU's co-located prefill worker (default: %(default)s)")
     b.add_argument("--work-stealing", action="store_true",

@@ -110,20 +110,30 @@ def test_up_gives_every_worker_it_starts_a_drain_timeout(tmp_path):
 
 
 def test_work_conserving_batching_goes_from_up_to_the_coordinators_policy():
-    """`tierserve up --batch-policy adaptive --work-conserving` reaches the coordinator's command line, and the
-    coordinator's flag its policy (adaptive alone held each request ~1 s beside an idle encoder at 1 req/s)."""
+    """`tierserve up`'s batching flags reach the coordinator's command line, and the coordinator's flags its
+    policy: adaptive work-conserving when nothing is said, pass-through or a holding adaptive only when asked for
+    (adaptive alone held each request ~1 s beside an idle encoder at 1 req/s)."""
     import argparse
 
     from coordinator.cli import add_cluster_args, coordinator_flags
+    from coordinator.config import CoordinatorConfig
     from coordinator.serve import add_coordinator_args, config_from_args
 
     up = argparse.ArgumentParser()
     add_cluster_args(up, None)
-    flags = coordinator_flags(up.parse_args(["--batch-policy", "adaptive", "--work-conserving"]))
-    assert "--work-conserving" in flags and flags[flags.index("--batch-policy") + 1] == "adaptive"
-    assert "--work-conserving" not in coordinator_flags(up.parse_args(["--batch-policy", "adaptive"]))
     serve = argparse.ArgumentParser()
     add_coordinator_args(serve)
-    batch = config_from_args(serve.parse_args(flags), "redis://127.0.0.1:1/0").policy.batch
-    assert batch.name == "adaptive" and batch.work_conserving
-    assert not config_from_args(serve.parse_args([]), "redis://127.0.0.1:1/0").policy.batch.work_conserving
+
+    def policy(up_argv: list[str]):
+        flags = coordinator_flags(up.parse_args(up_argv))
+        return config_from_args(serve.parse_args(flags), "redis://127.0.0.1:1/0").policy.batch
+
+    assert coordinator_flags(up.parse_args([])) == []  # nothing said: the coordinator's own default
+    default = policy([])
+    assert (default.name, default.work_conserving) == ("adaptive", True)
+    assert CoordinatorConfig().policy.batch == default  # one default, whether built from flags or in code
+    holding = policy(["--batch-policy", "adaptive", "--no-work-conserving"])
+    assert (holding.name, holding.work_conserving) == ("adaptive", False)
+    assert policy(["--batch-policy", "pass_through"]).name == "pass_through"
+    flags = coordinator_flags(up.parse_args(["--batch-policy", "fixed_timeout", "--work-conserving"]))
+    assert flags == ["--batch-policy", "fixed_timeout", "--work-conserving"]

@@ -27,14 +27,20 @@ async def _burst(base: str, n: int) -> list[int]:
 
 @pytest.fixture
 def policy(cluster):
-    """Set the live policy for one test, then restore pass-through."""
+    """Set the live policy for one test, then restore the one the cluster had."""
     def put(**batch) -> dict:  # the whole section: the endpoint merges, and no knob of another test may linger
         full = BatchPolicyConfig(**batch).model_dump(mode="json")
         r = httpx.put(f"{cluster.url}/v1/admin/policy", json={"batch": full}, timeout=10)
         assert r.status_code == 200, r.text
         return r.json()["batch"]
+    before = httpx.get(f"{cluster.url}/v1/admin/policy", timeout=10).json()["batch"]
     yield put
-    put(name="pass_through", max_batch=8)
+    put(**before)
+
+
+def test_a_cluster_started_without_batching_flags_serves_adaptive_work_conserving(cluster):
+    batch = httpx.get(f"{cluster.url}/v1/admin/policy", timeout=10).json()["batch"]
+    assert (batch["name"], batch["work_conserving"]) == ("adaptive", True), batch
 
 
 def test_pass_through_encodes_one_request_at_a_time(cluster, policy):
