@@ -30,6 +30,9 @@ class Flight:
     """The request's stored media (empty for text-only): a re-run encodes them again."""
     received: float
     """time.time() at arrival."""
+    inline: list[bytes] | None = field(default=None, repr=False)
+    """The media's bytes, for the first run's encode job to carry (messages.INLINE_MEDIA_MAX_BYTES); dropped
+    once that job is on its way, so a re-run reads them by key."""
     attempt: int = 0
     holder: Holder | None = None
     holder_since: float = 0.0
@@ -45,6 +48,12 @@ class Flight:
     broken: bool = False
     """Its events skipped some tokens (lost with Redis): it needs a re-run from what the client has."""
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+
+    def encode_media(self) -> list[MediaRef]:
+        """The media as the next encode job names them: with their bytes inline while the first run has them."""
+        if self.inline is None or self.attempt > 0:
+            return self.media
+        return [ref.model_copy(update={"data": raw}) for ref, raw in zip(self.media, self.inline, strict=True)]
 
     def hold(self, holder: Holder) -> None:
         self.holder, self.holder_since = holder, time.monotonic()

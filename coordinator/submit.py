@@ -8,7 +8,7 @@ import time
 from coordinator.errors import RequestError
 from coordinator.flights import Flight
 from coordinator.policies.base import PolicyConfig
-from coordinator.protocol.messages import EncodeJob, Modality, PrefillJob, Timing
+from coordinator.protocol.messages import INLINE_MEDIA_MAX_BYTES, EncodeJob, MediaRef, Modality, PrefillJob, Timing
 from coordinator.protocol.registry import WorkerStatus, least_loaded
 from coordinator.protocol.roles import PREFILLING
 from coordinator.protocol.streams import push_job
@@ -29,15 +29,26 @@ def text_targets(alive: list[WorkerStatus], policy: PolicyConfig) -> list[Worker
     return remote or local or (steal if policy.stealing.enabled else [])
 
 
-async def store_media(state: AppState, request_id: str, media: list[tuple[Modality, bytes]]) -> list[str]:
-    """Media bytes under TTL keys (the encode worker fetches them; a re-run fetches them again)."""
-    keys = [state.keys.media(request_id, i) for i in range(len(media))]
-    if keys:
+def media_refs(state: AppState, request_id: str, media: list[tuple[Modality, bytes]]) -> list[MediaRef]:
+    """Where each media item is stored (store_media), by key."""
+    return [MediaRef(key=state.keys.media(request_id, i), kind=kind) for i, (kind, _) in enumerate(media)]
+
+
+def inline_bytes(media: list[tuple[Modality, bytes]]) -> list[bytes] | None:
+    """The media's bytes when they are small enough to ride in the first encode job, else None."""
+    if not media or sum(len(raw) for _, raw in media) > INLINE_MEDIA_MAX_BYTES:
+        return None
+    return [raw for _, raw in media]
+
+
+async def store_media(state: AppState, refs: list[MediaRef], media: list[tuple[Modality, bytes]]) -> None:
+    """Media bytes under TTL keys (the encode worker fetches them unless its job carries them; a re-run fetches
+    them again)."""
+    if refs:
         pipe = state.redis.pipeline(transaction=False)
-        for key, (_, raw) in zip(keys, media):
-            pipe.set(key, raw, ex=state.config.media_ttl_s)
+        for ref, (_, raw) in zip(refs, media, strict=True):
+            pipe.set(ref.key, raw, ex=state.config.media_ttl_s)
         await pipe.execute()
-    return keys
 
 
 async def dispatch_soon(state: AppState, flight: Flight, wait_s: float = WAIT_FOR_WORKER_S) -> None:
@@ -66,7 +77,7 @@ async def dispatch(state: AppState, flight: Flight) -> None:
             raise RequestError("no encode worker is alive; start one (tierserve up --encode 1) and retry",
                                status=503, code="no_encode_worker")
         flight.hold(target.info.holder)
-        await state.dispatcher.submit(target.info.worker_id, EncodeJob(media=flight.media, **fields))
+        await state.dispatcher.submit(target.info.worker_id, EncodeJob(media=flight.encode_media(), **fields))
         return
     target = least_loaded(text_targets(await state.routing.alive(PREFILLING), state.policy), state.counter)
     if target is None:

@@ -218,16 +218,19 @@ class EncodeWorker:
             return 0
 
     async def fetch_media(self, jobs: list[EncodeJob]) -> list[list[bytes] | None]:
-        pipe = self.redis.pipeline(transaction=False)
+        """Each job's media bytes, None for a job whose stored media expired: from the job where it carries them
+        (a first run's small media), else from Redis, in one round trip for the whole batch."""
+        stored = [ref.key for j in jobs for ref in j.media if ref.data is None]
+        fetched = iter([])
+        if stored:
+            pipe = self.redis.pipeline(transaction=False)
+            for key in stored:
+                pipe.get(key)
+            fetched = iter(await pipe.execute())
+        out = []
         for j in jobs:
-            for ref in j.media:
-                pipe.get(ref.key)
-        raw = await pipe.execute()
-        out, i = [], 0
-        for j in jobs:
-            chunk = raw[i : i + len(j.media)]
-            i += len(j.media)
-            out.append(None if any(c is None for c in chunk) else list(chunk))
+            chunk = [ref.data if ref.data is not None else next(fetched) for ref in j.media]
+            out.append(None if any(c is None for c in chunk) else chunk)
         return out
 
     async def refresh_policy(self) -> None:

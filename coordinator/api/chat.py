@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -21,10 +22,10 @@ from coordinator.errors import RequestError
 from coordinator.flights import Flight, RelayTimeout
 from coordinator.prompt import sampling_from_request
 from coordinator.protocol.logprobs import TokenLogprobs
-from coordinator.protocol.messages import MediaRef, TokenEvent
+from coordinator.protocol.messages import Modality, TokenEvent
 from coordinator.protocol.process import cancel_and_wait
 from coordinator.state import AppState, State
-from coordinator.submit import dispatch_soon, store_media
+from coordinator.submit import dispatch_soon, inline_bytes, media_refs, store_media
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -154,6 +155,30 @@ async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: 
         log.warning("request cleanup failed", extra={"request_id": request_id, "error": str(e)})
 
 
+async def _store_and_dispatch(state: AppState, flight: Flight, media: list[tuple[Modality, bytes]]) -> None:
+    """Store the media and send the first run on its way: at once when its encode job carries the bytes (the
+    encode worker never waits for the store, which only a re-run needs), else the store first. On a failure
+    nothing stays stored or running."""
+    keys = [ref.key for ref in flight.media]
+    storing = asyncio.ensure_future(store_media(state, flight.media, media)) if flight.inline else None
+    dispatched = False
+    try:
+        if storing is None:
+            await store_media(state, flight.media, media)
+        await dispatch_soon(state, flight)
+        dispatched = True
+        if storing is not None:
+            await storing
+    except BaseException:
+        if storing is not None:  # let a store in flight settle, so the clean-up's delete comes after it
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(storing)
+        await asyncio.shield(_cleanup(state, flight.request_id, keys, finished=not dispatched))
+        raise
+    finally:
+        flight.inline = None  # the job holds them now; a re-run reads the keys
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, state: State) -> JSONResponse | StreamingResponse:
     t0, received = time.perf_counter(), time.time()
@@ -166,16 +191,13 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
                            param="model", status=404, code="model_not_found")
     built = state.prompts.build(req) if _inline(req) else await asyncio.to_thread(state.prompts.build, req)
     rid = completion_id()
-    keys = await store_media(state, rid, [(m.modality, m.data) for m in built.media])
+    media = [(m.modality, m.data) for m in built.media]
     sampling = sampling_from_request(req, default_max_tokens=built.max_tokens)
-    flight = Flight(rid, built.prompt_token_ids, sampling,
-                    [MediaRef(key=k, kind=m.modality) for k, m in zip(keys, built.media)], received)
+    flight = Flight(rid, built.prompt_token_ids, sampling, media_refs(state, rid, media), received,
+                    inline=inline_bytes(media))
+    keys = [ref.key for ref in flight.media]
     state.flights.add(flight)
-    try:
-        await dispatch_soon(state, flight)
-    except BaseException:
-        await asyncio.shield(_cleanup(state, rid, keys, finished=True))
-        raise
+    await _store_and_dispatch(state, flight, media)
     tracker = Tracker(state, rid, len(built.prompt_token_ids), t0)
     tracker.flight = flight
     events = flight.stream(state.config.request_timeout_s)

@@ -78,11 +78,23 @@ class _Job(BaseModel):
     after them, so the client sees neither a repeated nor a missing token."""
 
 
+INLINE_MEDIA_MAX_BYTES = 512 * 1024
+"""A request whose media total at most this many bytes carries them in its first encode job as well as under
+their keys: the encode worker then reads them from the job, not in a second Redis round trip after it (the
+coordinator stores them meanwhile, for a re-run). Larger media (video, long audio) travel by key alone, so a
+micro-batch's stream entry stays small."""
+
+
 class MediaRef(BaseModel):
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
     key: str
     """Redis key holding the media bytes (TTL'd): an encoded image; a video's frames packed by
     coordinator/protocol/frames.py; or audio as float32 little-endian mono PCM at the encoder's rate."""
     kind: Modality = "image"
+    data: bytes | None = Field(None, repr=False)
+    """The bytes under `key`, inline (base64 in JSON) on a request's first encode job when its media are small
+    (INLINE_MEDIA_MAX_BYTES); None: read them from `key`."""
 
 
 class EncodedMedia(BaseModel):
