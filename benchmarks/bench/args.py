@@ -95,7 +95,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     w.add_argument("--num-requests", type=int, help="requests per cell (default: 100, or the dataset's lines)")
     w.add_argument("--duration", type=_seconds("--duration"), metavar="TIME",
                    help="arrivals per cell, with a unit: 90s, 2min (requests arriving later are not sent)")
-    w.add_argument("--seed", type=int, default=0, help="seeds arrivals and synthetic requests (default: %(default)s)")
+    w.add_argument("--seed", type=int, default=0, help="seeds arrivals and synthetic requests; each rate gets requests of its own, the same for "
+                        "every target (default: %(default)s)")
     w.add_argument("--warmup", type=int, default=2, help="unrecorded sequential requests before each system (default: 2)")
     w.add_argument("--modality", default="image", help="request kinds and weights, e.g. image or image:0.8,text:0.2 "
                                                        "(text, image, video, audio; default: %(default)s)")
@@ -108,7 +109,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     w.add_argument("--video-frames", type=int, default=4, help="frames per synthetic video (default: 4)")
     w.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (for servers that reject it; output lengths then vary by system)")
-    w.add_argument("--dataset", type=Path, help="JSONL file of requests to replay instead of synthetic ones")
+    w.add_argument("--dataset", type=Path, help="JSONL file of requests to replay instead of synthetic ones (every "
+                                                "rate sends the same requests, so a server with a prefix or encoder "
+                                                "cache answers later rates partly from it; synthetic requests differ "
+                                                "from rate to rate)")
     w.add_argument("--timeout", type=_seconds("--timeout"), default=300.0, metavar="TIME",
                    help="time before one request counts as a timeout, with a unit: 300s, 5min (default: 300s)")
 

@@ -100,6 +100,10 @@ def _gaps(n: int, burstiness: float, seed: int, need: float | None) -> np.ndarra
     return gaps
 
 
+RATE_SEED_STEP = 7919
+"""The n-th rate's requests are synthesized from seed + n * this (the first rate's from the seed itself)."""
+
+
 def _check_numbers(a: argparse.Namespace) -> None:
     checks = (("--max-concurrency", a.max_concurrency, a.max_concurrency is None or a.max_concurrency >= 1, ">= 1"),
               ("--timeout", a.timeout, 0 < a.timeout < math.inf, "a number of seconds > 0"),
@@ -135,6 +139,7 @@ def build_plan(a: argparse.Namespace) -> Plan:
             raise ds.DatasetError(f"--request-rate trace: every line of {a.dataset} needs a \"timestamp\"")
         if math.isnan(rates[0]) and n > len(file_specs):
             raise ds.DatasetError(f"--request-rate trace replays {len(file_specs)} lines; --num-requests {n} exceeds them")
+        rate_specs = {}  # a file's requests are what they are: every cell sends them (see --dataset)
         specs = ds.take(file_specs, n, outputs, a.seed)
         warm = specs[-a.warmup:] if a.warmup else []  # the file has no spare requests; the last are reused least soon
     else:
@@ -144,7 +149,10 @@ def build_plan(a: argparse.Namespace) -> Plan:
                            prompt_tokens=wl.Length.parse(a.prompt_tokens, "--prompt-tokens"), audio_seconds=a.audio_seconds,
                            video_frames=a.video_frames)
         specs = wl.synthesize(n, mix, a.seed)
-        # Warm-ups of their own: a server caching encoder outputs by image must not see measured images early.
+        # Each rate its own requests, and the warm-ups theirs: a server caching prefixes or encoder outputs by
+        # image must not see a cell's requests before that cell.
+        rate_specs = {rate: specs if i == 0 else wl.synthesize(n, mix, a.seed + RATE_SEED_STEP * i)
+                      for i, rate in enumerate(r for r in rates if not math.isnan(r))}
         warm = wl.synthesize(a.warmup, mix, a.seed + 1_000_003)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     return Plan(systems=systems, rates=rates, specs=specs, gaps=gaps[:n], slo=slo, costs=costs, model=a.model,
@@ -153,7 +161,7 @@ def build_plan(a: argparse.Namespace) -> Plan:
                 local=LocalOptions(model=a.local_model, encode_workers=a.local_encode, pin_cores=not a.local_no_pin,
                                    threads=a.local_threads),
                 admin_headers={"Authorization": f"Bearer {a.admin_token}"} if a.admin_token else {},
-                interleave=a.interleave)
+                interleave=a.interleave, rate_specs=rate_specs)
 
 
 def _context(a: argparse.Namespace, argv: list[str], plan: Plan, load_at_start: list[float]) -> dict:

@@ -55,6 +55,7 @@ class Plan:
     rates: list[float]
     """Requests per second; inf = all at once; nan = the dataset's own timestamps (--request-rate trace)."""
     specs: list[RequestSpec]
+    """The requests of every cell without its own in `rate_specs` (a dataset's, and the first rate's)."""
     gaps: np.ndarray
     """Unit-rate inter-arrival gaps, one per request."""
     slo: SLO | None
@@ -71,6 +72,10 @@ class Plan:
     admin_headers: dict[str, str] = field(default_factory=dict)
     interleave: bool = False
     """Open every live target at once and run each rate on all of them before the next (see the module)."""
+    rate_specs: dict[float, list[RequestSpec]] = field(default_factory=dict)
+    """A synthesized workload's requests per rate: every system gets the same requests at a rate, but no rate
+    repeats another's images and prompts, so a server's prefix or encoder cache (vLLM's are on by default)
+    never answers one cell from an earlier cell's requests."""
 
 
 class Observer(Protocol):
@@ -88,7 +93,8 @@ def offsets_for(plan: Plan, rate: float) -> tuple[list[RequestSpec], list[float]
         return [s for _, s in pairs], [t - t0 for t, _ in pairs]
     offsets = arrival_offsets(plan.gaps, rate)
     keep = len(offsets) if plan.duration_s is None else int(np.searchsorted(offsets, plan.duration_s, side="left"))
-    return plan.specs[:max(1, keep)], [float(x) for x in offsets[:max(1, keep)]]
+    specs = plan.rate_specs.get(rate, plan.specs)
+    return specs[:max(1, keep)], [float(x) for x in offsets[:max(1, keep)]]
 
 
 async def run_cell(url: str, specs: list[RequestSpec], offsets: list[float], opts: ClientOptions,
