@@ -95,7 +95,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     w.add_argument("--num-requests", type=int, help="requests per cell (default: 100, or the dataset's lines)")
     w.add_argument("--duration", type=_seconds("--duration"), metavar="TIME",
                    help="arrivals per cell, with a unit: 90s, 2min (requests arriving later are not sent)")
-    w.add_argument("--seed", type=int, default=0, help="seeds arrivals and synthetic requests; each rate gets requests of its own, the same for "
+    w.add_argument("--seed", type=int, default=0,
+                   help="seeds arrivals and synthetic requests; each rate gets requests of its own, the same for "
                         "every target (default: %(default)s)")
     w.add_argument("--warmup", type=int, default=2, help="unrecorded sequential requests before each system (default: 2)")
     w.add_argument("--modality", default="image", help="request kinds and weights, e.g. image or image:0.8,text:0.2 "
