@@ -26,8 +26,12 @@ BURST = 12
 
 @pytest.fixture
 def two_encoders(redis_url, tmp_path):
-    """encode-0 as `tierserve up` starts it, and encode-9 started with a drain timeout (as a plan switch does)."""
-    served = serve_cluster(tmp_path / "logs", encode_workers=1, llm_roles=["combined"], redis_url=redis_url)
+    """encode-0 as `tierserve up` starts it, and encode-9 started with a drain timeout (as a plan switch does).
+    Pass-through dispatch, so each request of a burst is a micro-batch of its own and several wait on the
+    retired encoder's stream (the default work-conserving policy releases one batch at a time to an idle
+    encoder, so a burst never queues there)."""
+    served = serve_cluster(tmp_path / "logs", encode_workers=1, llm_roles=["combined"], redis_url=redis_url,
+                           coordinator_args=["--batch-policy", "pass_through"])
     cluster = next(served)
     keys, client = Keys(cluster.spec.key_prefix), redis.Redis.from_url(redis_url)
     try:
