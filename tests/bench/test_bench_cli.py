@@ -267,7 +267,7 @@ def _image_urls(specs) -> list[str]:
     return [p["image_url"]["url"] for s in specs for p in s.content if p.get("type") == "image_url"]
 
 
-def test_each_rate_sends_requests_of_its_own_and_every_target_the_same(tmp_path):
+def test_each_rate_sends_requests_of_its_own_and_every_target_the_same():
     """A server with a prefix or encoder cache (vLLM's are on by default) must not answer a cell from the
     images and prompts of an earlier cell: with one request list for every rate, plain vLLM served the later
     cells' repeats from its caches (TTFT p50 15.9 ms at 4 req/s against 26.7 at 1)."""
