@@ -4,8 +4,8 @@ Per loop: take one micro-batch (the coordinator's dispatch policy released it on
 fetch the media, claim the GPU (gpu_share.py: at most one stolen step to wait for, then the SM split),
 run the encoder once for the whole batch in a thread (so heartbeats keep flowing), then for each
 request send its embeddings to the prefill-capable LLM worker routing.py picks and tell that worker
-on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis at most once a
-second.
+on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis once a second, by a
+loop of their own, off the requests' path.
 
 On SIGTERM with `drain_timeout_s` (a plan switch or rolling restart retiring it) the worker drains like an LLM
 worker: its registry record says draining, so the coordinator's dispatch (registry.alive) queues nothing new
@@ -74,7 +74,6 @@ class EncodeWorker:
         self.share = EncoderGpuShare(self.channel, StreamPartition(cfg.device, "encoder"))
         self.compute = ComputeThread(f"{cfg.worker_id}-encoder")
         """Where every encoder forward runs: one thread, not the default executor's."""
-        self._policy_read = -POLICY_REFRESH_S
         self.batch_max_wait_s = PolicyConfig().batch.max_wait_s
         """The dispatcher's longest hold of a request (BatchPolicyConfig.max_wait_s), as last read."""
         self.telemetry = GpuTelemetry(cfg.device)
@@ -92,10 +91,12 @@ class EncodeWorker:
         if dropped:
             log.warning("dropped jobs an earlier process of this worker left; the coordinator re-runs them",
                         extra={"entries": dropped})
+        with contextlib.suppress(Exception):  # the knobs before the first batch; follow_policy retries
+            await self.read_policy()
         async with Presence(self.registry, self.info, lambda: self.in_flight, stats=self.stats) as presence:
             halt = asyncio.Event()
             drain = asyncio.create_task(self.drain_on(stop, halt, presence))
-            await supervise([forever("encode", self.encode_once, halt)], halt)
+            await supervise([forever("encode", self.encode_once, halt), self.follow_policy(halt)], halt)
             drain.cancel()
             await presence.leave()  # from here the coordinator re-runs what this worker still holds
         await self.jobs.delete()
@@ -111,9 +112,8 @@ class EncodeWorker:
         await stop.wait()
         if self.cfg.drain_timeout_s > 0:
             await presence.drain()
-            self._policy_read = float("-inf")
             with contextlib.suppress(Exception):  # the current max_wait_s; the last one read otherwise
-                await self.refresh_policy()
+                await self.read_policy()
             await self.announce_if_idle()  # work-conserving policies release what they hold for it now
             now = time.monotonic()
             deadline, quiet_since = now + self.cfg.drain_timeout_s, None
@@ -151,15 +151,25 @@ class EncodeWorker:
                 raise
             finally:
                 self.in_flight = 0
-                await self.jobs.ack(entry_id)
-                await self.announce_if_idle()
+                self.queued_batches = await self.jobs.ack_and_count(entry_id)
+                if self.queued_batches == 0:
+                    await self.announce_idle()
 
     async def announce_if_idle(self) -> None:
-        """Tell the coordinator's work-conserving policies that this encoder has nothing left to do (a lost
-        message only leaves their timing rule in charge)."""
+        """`announce_idle` if nothing is left on this worker's stream (a lost message only leaves the
+        work-conserving policies' timing rule in charge). The count is also the queue metric's."""
         try:
-            if await self.redis.xlen(self.jobs.key) == 0:
-                await self.redis.publish(self.keys.encoder_idle, self.cfg.worker_id)
+            self.queued_batches = await self.redis.xlen(self.jobs.key)
+        except Exception as e:
+            log.warning("could not announce an idle encoder", extra={"error": str(e)})
+            return
+        if self.queued_batches == 0:
+            await self.announce_idle()
+
+    async def announce_idle(self) -> None:
+        """Tell the coordinator's work-conserving policies that this encoder has nothing left to do."""
+        try:
+            await self.redis.publish(self.keys.encoder_idle, self.cfg.worker_id)
         except Exception as e:
             log.warning("could not announce an idle encoder", extra={"error": str(e)})
 
@@ -169,7 +179,6 @@ class EncodeWorker:
         await self.fail([j for j, m in zip(jobs, media) if m is None], "media expired before encoding")
         if not ok:
             return
-        await self.refresh_policy()
         tokens = sum(t in self.encoder.placeholder_ids for j, _ in ok for t in j.prompt_token_ids)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_dequeued")}), m) for j, m in ok]
         def encode(jobs=ok):  # after the claim, in its thread: the forward runs on the stream it masked
@@ -188,8 +197,7 @@ class EncodeWorker:
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
         finally:
-            pending = self.queued_batches = await self.pending_batches()
-            self.share.release(pending > 0)
+            pending = await self.release_gpu(scan)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_end", encode_batch=len(ok))}), m) for j, m in ok]
         log.info("encoded batch", extra={"batch": len(ok), "seconds": round(batch.seconds, 4)})
         for (j, _), err in zip(ok, batch.errors):
@@ -199,7 +207,7 @@ class EncodeWorker:
         held = self.channel.stolen_held() + (await self.redis.xlen(self.keys.jobs(targets.steal[0].info.worker_id))
                                              if targets.steal else 0)
         now = time.monotonic()
-        self.router.observe(targets, pending, held, now)
+        self.router.observe(targets, self.queued_batches if pending is None else pending, held, now)
         chosen = [(j, emb, media, self.router.choose(j, targets, now))
                   for (j, _), emb, media in zip(ok, batch.per_request, batch.media) if emb is not None]
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
@@ -207,6 +215,19 @@ class EncodeWorker:
         others = sorted(targets.remote or targets.local, key=lambda w: w.load)
         await asyncio.gather(*(self.forward(j, emb, media, batch.seconds, target, others)
                                for j, emb, media, target in chosen))
+
+    async def release_gpu(self, scan: asyncio.Future) -> int | None:
+        """Hand the GPU back after a forward; returns the micro-batches queued behind this one, or None when they
+        were not counted. Only an LLM worker on this encoder's GPU (a local prefill or a stealing worker, seen
+        in this batch's scan, or any while the scan cannot say) acts on the count: it is read first then, a
+        Redis round trip before the embeddings leave; without one the count is skipped (the batch's ack counts
+        after it, for the metric and the idle announcement)."""
+        if _shares_gpu(scan, self.cfg.worker_id):
+            pending = self.queued_batches = await self.pending_batches()
+            self.share.release(pending > 0)
+            return pending
+        self.share.release(False)
+        return None
 
     async def pending_batches(self) -> int:
         """Micro-batches queued behind the one being encoded (entries are deleted when acked); 0 when
@@ -233,12 +254,18 @@ class EncodeWorker:
             out.append(None if any(c is None for c in chunk) else chunk)
         return out
 
-    async def refresh_policy(self) -> None:
-        """Pick up knobs set through the admin endpoint (at most one GET a second)."""
-        now = time.monotonic()
-        if now - self._policy_read < POLICY_REFRESH_S:
-            return
-        self._policy_read = now
+    async def follow_policy(self, stop: asyncio.Event) -> None:
+        """Pick up knobs set through the admin endpoint: one GET a second until `stop`, never in a batch's way.
+        While Redis is away the knobs last read stay."""
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), POLICY_REFRESH_S)
+            try:
+                await self.read_policy()
+            except Exception as e:
+                log.warning("could not read the policy; keeping the last one", extra={"error": str(e)})
+
+    async def read_policy(self) -> None:
         raw = await self.redis.get(self.keys.policy)
         if raw:
             policy = PolicyConfig.model_validate_json(raw)
@@ -294,3 +321,11 @@ def _jobs_of(entry) -> list[EncodeJob]:
     if isinstance(entry, EncodeBatch):
         return list(entry.jobs)
     return [entry] if isinstance(entry, EncodeJob) else []
+
+
+def _shares_gpu(scan: asyncio.Future, encoder_id: str) -> bool:
+    """Whether an LLM worker runs on this encoder's GPU, by a finished scan of the live workers; True (act as if
+    one did) while the scan is running or failed."""
+    if not scan.done() or scan.cancelled() or scan.exception() is not None:
+        return True
+    return any(w.info.colocated_with == encoder_id for w in scan.result())

@@ -128,6 +128,14 @@ class JobStream:
             pipe.xdel(self.key, *entry_ids)
             await pipe.execute()
 
+    async def ack_and_count(self, entry_id: str) -> int:
+        """`ack`, and the entries left on the stream after it, in the same round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(self.key, GROUP, entry_id)
+        pipe.xdel(self.key, entry_id)
+        pipe.xlen(self.key)
+        return (await pipe.execute())[2]
+
 
 def parse_token_events(fields: dict) -> list[TokenEvent]:
     """The events of one reply-stream entry, in the order they were published."""

@@ -69,6 +69,26 @@ async def test_a_heartbeat_re_registers_after_redis_lost_everything(redis_url, k
         await redis.aclose()
 
 
+async def test_ack_and_count_acks_one_entry_and_counts_the_rest(redis_url, key_prefix):
+    redis = Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    try:
+        stream = JobStream(redis, keys, "e0")
+        await stream.open()
+        for rid in ("r1", "r2", "r3"):
+            await redis.xadd(keys.jobs("e0"), {"m": _job(rid).model_dump_json()})
+        first = await stream.read(1, None)
+        assert [j.request_id for _, j in first] == ["r1"]
+        assert await stream.ack_and_count(first[0][0]) == 2  # r2 and r3 still queued
+        assert (await redis.xpending(keys.jobs("e0"), "workers"))["pending"] == 0  # acked, not only deleted
+        rest = await stream.read(2, None)
+        assert [j.request_id for _, j in rest] == ["r2", "r3"]
+        assert await stream.ack_and_count(rest[0][0]) == 1
+        assert await stream.ack_and_count(rest[1][0]) == 0
+    finally:
+        await redis.aclose()
+
+
 def test_least_loaded_rotates_among_ties():
     from coordinator.protocol.registry import WorkerStatus
 
