@@ -14,6 +14,7 @@ from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import WorkerInfo
 from coordinator.protocol.registry import WorkerStatus
+from coordinator.redis_server import free_port
 from encode_node.config import EncodeWorkerConfig
 from encode_node.worker import POLICY_REFRESH_S, EncodeWorker, _shares_gpu
 
@@ -124,8 +125,8 @@ def test_the_queue_is_counted_before_the_embeddings_leave_only_for_a_shared_gpu(
 
 @pytest.mark.redis
 def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
-    """A knob set through Redis reaches the worker within about a second while it encodes nothing; a Redis
-    outage (a closed client) keeps the knobs last read and the loop alive."""
+    """A knob set through Redis reaches the worker within about a second while it encodes nothing; while Redis
+    refuses connections the knobs last read stay and the loop goes on, and a later change is followed."""
     async def go():
         r = aioredis.Redis.from_url(redis_url)
         w = _worker(redis_url, key_prefix, r)
@@ -141,15 +142,27 @@ def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
             async with Monitor(redis_url) as mon:
                 await asyncio.sleep(2.5 * POLICY_REFRESH_S)
                 gets = await mon.calls("GET", Keys(key_prefix).policy)
+            w.redis = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)  # refused
+            await asyncio.sleep(2.5 * POLICY_REFRESH_S)
+            outage = (w.router.offload.share, loop.done())
+            await w.redis.aclose()
+            w.redis = r
+            await r.set(Keys(key_prefix).policy, PolicyConfig.model_validate({"offload": {"s": 0.25}}).model_dump_json())
+            deadline = asyncio.get_running_loop().time() + 3 * POLICY_REFRESH_S
+            while w.router.offload.share != 0.25 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            back = w.router.offload.share
             stop.set()
             await asyncio.wait_for(loop, 2 * POLICY_REFRESH_S)
-            return followed, gets
+            return followed, gets, outage, back
         finally:
             loop.cancel()
             w.channel.close()
             await w.sender.close()
             await r.aclose()
 
-    followed, gets = asyncio.run(go())
+    followed, gets, outage, back = asyncio.run(go())
     assert followed == 0.5
     assert 2 <= gets <= 3  # one GET a second
+    assert outage == (0.5, False)  # Redis unreachable: the knobs last read stay, the loop goes on
+    assert back == 0.25
