@@ -67,6 +67,7 @@ from coordinator.planner.profiling import (
 )
 from coordinator.planner.replay import HttpReplayer, summarize_replay
 from coordinator.planner.sim import SimResult, Simulator
+from coordinator.planner.sim_noise import HostNoise
 from coordinator.planner.ttft_stages import STAGES, live_stages, sim_stages
 from coordinator.planner.workload import ArrivalProcess, RequestClass, Uniform, Workload
 from coordinator.policies.base import BatchPolicyConfig
@@ -209,6 +210,15 @@ def main(argv: list[str] | None = None) -> int:
                         "stealing, adaptive), each at its own rates unless --rates is given")
     p.add_argument("--slo", nargs="+", default=[], metavar="LAYOUT=TTFT,TPOT",
                    help="with --layouts or --resimulate of a layouts result: judge LAYOUT under this SLO (seconds) instead")
+    p.add_argument("--host-noise-sigma", type=float, default=None, metavar="SIGMA",
+                   help="with --layouts or --resimulate of a layouts result: simulate the host's speed varying, a "
+                        "lognormal factor of median 1 and this log-sd on every encode, prefill and decode step "
+                        "(coordinator/planner/sim_noise.py; 0.25 fitted here); needs --host-noise-period-ms")
+    p.add_argument("--host-noise-period-ms", type=float, default=None, metavar="MS",
+                   help="milliseconds of simulated time one host-speed factor lasts (50 fitted here)")
+    p.add_argument("--host-noise-seed", type=int, default=0,
+                   help="seed of the host-speed factors (default: %(default)s); one seed is one realisation of the "
+                        "noise, and the figures move with it: compare several")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON to write (default: benchmarks/results/sim_fidelity.json for a live run; "
                         "nothing for --resimulate)")
@@ -218,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     rates_given = any(x == "--rates" or x.startswith("--rates=") for x in (sys.argv[1:] if argv is None else argv))
     if a.layouts is not None or (a.resimulate is not None and "layouts" in json.loads(a.resimulate.read_text())):
         return layouts_main(a, p, command, console, rates_given)
+    if a.host_noise_sigma is not None or a.host_noise_period_ms is not None:
+        p.error("--host-noise-sigma / --host-noise-period-ms apply to --layouts runs (or a re-simulation of one)")
     if a.resimulate is not None:
         return resimulate(a.resimulate, a.out, not a.no_padding, command, console)
     if a.requests < 2 or a.repeats < 1 or any(r <= 0 for r in a.rates):
@@ -270,6 +282,14 @@ def layouts_main(a: argparse.Namespace, p: argparse.ArgumentParser, command: str
             slos[name] = SLO(ttft_s=ttft, tpot_s=tpot)
         except ValueError:
             p.error(f"--slo {item!r}: expected LAYOUT=TTFT_SECONDS,TPOT_SECONDS")
+    if (a.host_noise_sigma is None) != (a.host_noise_period_ms is None):
+        p.error("--host-noise-sigma and --host-noise-period-ms go together (e.g. 0.25 and 50)")
+    if a.host_noise_sigma is not None:
+        try:
+            lay.HOST_NOISE = HostNoise(sigma=a.host_noise_sigma, period_s=a.host_noise_period_ms / 1e3,
+                                       seed=a.host_noise_seed)
+        except ValueError as e:
+            p.error(f"--host-noise-sigma / --host-noise-period-ms: {e}")
     if a.resimulate is not None:
         lay.resimulate(a.resimulate, slos, a.out, command, console)
         return 0

@@ -55,6 +55,7 @@ from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
+from coordinator.planner.sim_noise import HostNoise, HostSpeed, NoisyService
 from coordinator.planner.sim_stack import Stack, StackCore, StackPlacement
 from coordinator.planner.workload import SimRequest
 from coordinator.protocol.roles import LLM_ROLE_OF_NODE, STAGES_OF_NODE
@@ -260,7 +261,7 @@ class Simulator:
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
-                 stack_loop_share: float = 0.0, stack_preempts: bool = False) -> None:
+                 stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -325,6 +326,9 @@ class Simulator:
         whose running job also moves, once everything due at an instant has run, to a core with fewer other
         busy lanes than its own: the OS pulls a runnable floating process onto a freer core (load balancing),
         so it is not time-sliced with a worker that merely started its next step while another core idles."""
+        self.host_noise = host_noise
+        """The host's speed varying over time (sim_noise.py): encode, prefill and decode steps take a factor of
+        their profiled time that changes every `period_s`; None: always the profiled time."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -339,12 +343,17 @@ class Simulator:
         if loaded is not None and len(requests) > 1 and requests[-1].arrival > requests[0].arrival:
             rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
+        speed = HostSpeed(self.host_noise, clock=lambda: 0.0) if self.host_noise is not None else None
+        if speed is not None:
+            service = NoisyService(service, speed)
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
                           self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
                           self.stack_placement, self.relay_per_step, self.offload_routed_before, self.wake_affine,
                           self.stack_loop_share, self.stack_preempts)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
+        if speed is not None:
+            speed.clock = lambda: events.now
 
         def at_encode(f: Flight) -> None:
             cluster.least_loaded(cluster.encoders).arrive(f)

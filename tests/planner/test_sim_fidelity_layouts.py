@@ -69,3 +69,25 @@ def test_a_run_judged_against_its_own_simulation_has_no_error(name, profile):
     table = markdown({"command": "x", "date": "d", "requests_per_rate": 40, "seed": 2, "machine": "m",
                       "layouts": [report]})
     assert table.count(f"| {LAYOUTS[name].rates[1]:g} |") == 1 and "+0.0%" in table
+
+
+def test_host_noise_from_the_command_line_widens_the_simulated_spread(tmp_path, monkeypatch):
+    """`--host-noise-sigma/--host-noise-period-ms` on a re-simulation of saved layouts records: the setting is in
+    the report, the simulated TTFT spread at the lowest rate widens; one flag alone is refused."""
+    import benchmarks.sim_fidelity_layouts as lay
+    from benchmarks.sim_fidelity import main
+
+    monkeypatch.setattr(lay, "HOST_NOISE", None)  # the CLI sets the module's switch: restored after the test
+    saved = REPO / "benchmarks/results/sim_fidelity_layouts.at-6e6191d.epd.json"
+    spreads = {}
+    for tag, flags in (("off", []), ("on", ["--host-noise-sigma", "0.25", "--host-noise-period-ms", "50"])):
+        out = tmp_path / f"{tag}.json"
+        assert main(["--resimulate", str(saved), *flags, "--out", str(out)]) == 0
+        low = min(json.loads(out.read_text())["layouts"][0]["cells"], key=lambda c: c["rate"])
+        p10, _, _, p90 = low["sim"]["spread"]["ttft"]
+        spreads[tag] = p90 / p10
+        assert ("host_noise sigma 0.25 per 50 ms" in out.with_suffix(".md").read_text()) == (tag == "on")
+    assert spreads["on"] > spreads["off"] * 1.1
+    with pytest.raises(SystemExit) as e:
+        main(["--resimulate", str(saved), "--host-noise-sigma", "0.25"])
+    assert e.value.code == 2

@@ -1,3 +1,5 @@
+"""Per (sigma, period ms): the low-rate spread distance (mean |log sim/live| over TTFT and TPOT p10/p50/p75/p90 at
+each layout's lowest rate, averaged over the layouts) and the cells within 10 %, from what sweep.sh wrote."""
 import json, math, glob, collections
 res = collections.defaultdict(dict)
 for f in glob.glob("/tmp/noise-trial/sw-*.json"):

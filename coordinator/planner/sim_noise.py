@@ -1,0 +1,81 @@
+"""Host noise in the simulator: the machine runs faster or slower from one moment to the next.
+
+A live worker's compute does not take the same time twice: other processes, caches and clocks make a host run
+slower or faster for a while. Without it the simulated latency spreads are narrower than live ones (at the
+lowest rate, where queueing is small, epd's live TTFT p10/p50/p75/p90 was 29/32/41/49 ms against a simulated
+31/32/34/38), and under a tight SLO the simulator is optimistic.
+
+`HostNoise` models it as a host-speed factor: every encoder forward, prefill and decode step (not transfers, not
+the stack's hops) takes `factor` times as long as the profile says, where the factor is lognormal with median 1
+and log-sd `sigma`, constant over a window of `period_s` of simulated time and drawn anew, independently, for
+each window. The factor of a window depends only on (seed, window index), so a run is reproducible whatever
+order the simulation asks in. Evidence and the fitted values: benchmarks/results/sim_fidelity_noise_trial/.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.planner.service import Modality, ServiceTimes
+
+
+@dataclass(frozen=True)
+class HostNoise:
+    sigma: float
+    """Log-sd of the host-speed factor (0: no noise)."""
+    period_s: float
+    """Seconds of simulated time one factor lasts."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.sigma >= 0 and math.isfinite(self.sigma)):
+            raise ValueError(f"sigma must be a finite number >= 0, got sigma={self.sigma!r}")
+        if not (self.period_s > 0 and math.isfinite(self.period_s)):
+            raise ValueError(f"period_s must be a finite number of seconds > 0, got period_s={self.period_s!r}")
+
+
+class HostSpeed:
+    """The factor at the simulation's current time (`clock`, seconds)."""
+
+    def __init__(self, noise: HostNoise, clock: Callable[[], float]) -> None:
+        self.noise = noise
+        self.clock = clock
+        self._factors: dict[int, float] = {}
+
+    def factor(self) -> float:
+        if self.noise.sigma == 0:
+            return 1.0
+        window = math.floor(self.clock() / self.noise.period_s)
+        f = self._factors.get(window)
+        if f is None:
+            rng = random.Random(f"{self.noise.seed}:{window}")  # by (seed, window): order-independent
+            f = self._factors[window] = math.exp(rng.gauss(0.0, self.noise.sigma))
+        return f
+
+
+class NoisyService:
+    """`inner`'s service times, its compute stages (encode, prefill, decode step) scaled by `speed.factor()`;
+    everything else (transfers, the stack's hops and CPU, `under_load`'s other figures) as `inner` has it."""
+
+    def __init__(self, inner: ServiceTimes, speed: HostSpeed) -> None:
+        self.inner = inner
+        self.speed = speed
+
+    def encode_s(self, tier: str, modality: Modality, batch: int, tokens_per_item: int) -> float:
+        return self.inner.encode_s(tier, modality, batch, tokens_per_item) * self.speed.factor()
+
+    def prefill_s(self, tier: str, tokens: int) -> float:
+        return self.inner.prefill_s(tier, tokens) * self.speed.factor()
+
+    def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
+        return self.inner.decode_step_s(tier, batch, context_tokens) * self.speed.factor()
+
+    def transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
+        return self.inner.transfer_s(nbytes, src_tier, dst_tier, same_host)
+
+    def __getattr__(self, name: str) -> Any:  # optional extras (request_hops_s, stack_cpu_s, ...) pass through
+        return getattr(self.inner, name)
