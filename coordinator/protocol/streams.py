@@ -123,18 +123,20 @@ class JobStream:
 
     async def ack(self, *entry_ids: str) -> None:
         if entry_ids:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xack(self.key, GROUP, *entry_ids)
-            pipe.xdel(self.key, *entry_ids)
-            await pipe.execute()
+            await self._acking(entry_ids).execute()
 
     async def ack_and_count(self, entry_id: str) -> int:
         """`ack`, and the entries left on the stream after it, in the same round trip."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xack(self.key, GROUP, entry_id)
-        pipe.xdel(self.key, entry_id)
+        pipe = self._acking((entry_id,))
         pipe.xlen(self.key)
-        return (await pipe.execute())[2]
+        return (await pipe.execute())[-1]
+
+    def _acking(self, entry_ids: tuple[str, ...]):
+        """A pipeline that acks the entries and deletes them (so the stream's length is what is still queued)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(self.key, GROUP, *entry_ids)
+        pipe.xdel(self.key, *entry_ids)
+        return pipe
 
 
 def parse_token_events(fields: dict) -> list[TokenEvent]:
