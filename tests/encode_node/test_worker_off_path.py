@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from coordinator.policies.base import PolicyConfig
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import WorkerInfo
+from coordinator.protocol.process import open_worker_redis
 from coordinator.protocol.registry import WorkerStatus
 from coordinator.redis_server import free_port
 from encode_node.config import EncodeWorkerConfig
@@ -123,6 +124,10 @@ def test_the_queue_is_counted_before_the_embeddings_leave_only_for_a_shared_gpu(
     assert (pending_shared, xlen_shared, busy_shared, queued) == (2, 1, True, 2)
 
 
+OUTAGE_GET_S = 5.0
+"""Longest a GET on open_worker_redis's client takes against a refused port: its retries' backoff (~3.5 s)."""
+
+
 @pytest.mark.redis
 def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
     """A knob set through Redis reaches the worker within about a second while it encodes nothing; while Redis
@@ -132,6 +137,7 @@ def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
         w = _worker(redis_url, key_prefix, r)
         stop = asyncio.Event()
         loop = asyncio.ensure_future(w.follow_policy(stop))
+        refused = None
         try:
             assert w.router.offload.share == 0.0
             await r.set(Keys(key_prefix).policy, PolicyConfig.model_validate({"offload": {"s": 0.5}}).model_dump_json())
@@ -142,13 +148,14 @@ def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
             async with Monitor(redis_url) as mon:
                 await asyncio.sleep(2.5 * POLICY_REFRESH_S)
                 gets = await mon.calls("GET", Keys(key_prefix).policy)
-            w.redis = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)  # refused
+            refused = open_worker_redis(f"redis://127.0.0.1:{free_port()}/0")  # the worker's own client, refused
+            w.redis = refused
             await asyncio.sleep(2.5 * POLICY_REFRESH_S)
             outage = (w.router.offload.share, loop.done())
-            await w.redis.aclose()
             w.redis = r
             await r.set(Keys(key_prefix).policy, PolicyConfig.model_validate({"offload": {"s": 0.25}}).model_dump_json())
-            deadline = asyncio.get_running_loop().time() + 3 * POLICY_REFRESH_S
+            # A GET caught mid-retry on the refused client ends within its backoff (~3.5 s), then a second passes.
+            deadline = asyncio.get_running_loop().time() + OUTAGE_GET_S + 3 * POLICY_REFRESH_S
             while w.router.offload.share != 0.25 and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
             back = w.router.offload.share
@@ -157,6 +164,8 @@ def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
             return followed, gets, outage, back
         finally:
             loop.cancel()
+            if refused is not None:
+                await refused.aclose()
             w.channel.close()
             await w.sender.close()
             await r.aclose()
