@@ -11,6 +11,8 @@ from PIL import Image
 from coordinator.protocol.messages import EncodedMedia, Modality
 from encode_node.encoded import EncodedBatch, check_modality, decode_each, decode_image, split_per_request
 from encode_node.encoded import load_media_side
+from encode_node.image_pixels import lean_pixels
+from encode_node.vision_layers import drop_unread_layers
 from native.pinned import HostStaging
 
 __all__ = ["EncodedBatch", "LlavaImageEncoder"]
@@ -20,15 +22,22 @@ class LlavaImageEncoder:
     """Loads the checkpoint, keeps only the vision side, encodes many requests' images in one pass.
 
     Features leave in the model's dtype (bfloat16 stays bfloat16 on the wire; the LLM casts to its own).
+    `lean` (the default) drops the vision layers the features never read (vision_layers.py) and makes pixel values
+    without the processor's per-call overhead (image_pixels.py), the same values to the bit; False runs transformers'
+    processor and whole tower, the reference the lean path is tested and timed against.
     """
 
     modalities = frozenset({"image"})
 
-    def __init__(self, model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32, lean: bool = True):
         from transformers import AutoProcessor
 
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.model, config = load_media_side("LlavaForConditionalGeneration", model_dir, device, dtype)
+        self.dropped_layers = drop_unread_layers(self.model) if lean else 0
+        """Vision layers removed because no feature reads them."""
+        self.pixels, self.pixels_why = lean_pixels(self.processor.image_processor) if lean else (None, "lean=False")
+        """The processor's values without its per-call overhead; None (and why) where the processor itself runs."""
         self.device, self.dtype = device, dtype
         self.staging = HostStaging(device)
         """Device -> host of each batch's features: one copy into a pinned buffer (native/pinned.py)."""
@@ -49,7 +58,8 @@ class LlavaImageEncoder:
         flat = [im for ims in decoded if ims for im in ims]
         feats: list[torch.Tensor] = []
         if flat:
-            pixels = self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"]
+            pixels = (self.pixels.pixels(flat) if self.pixels is not None
+                      else self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"])
             out = self.model.get_image_features(pixel_values=pixels.to(self.device, self.dtype))
             feats = self.staging.to_host(list(out.pooler_output))
         per_request = split_per_request(decoded, feats, self.hidden_size)
