@@ -1,8 +1,9 @@
 """What the LLaVA encoder's lean path saves: `LlavaImageEncoder.encode` with and without it, side by side.
 
-The lean path (the default) drops the vision layers no feature reads (encode_node/vision_layers.py) and makes the
-pixel values with the image processor's own methods but not its per-call overhead (encode_node/image_pixels.py);
-`lean=False` is transformers' processor and whole tower. Both encoders are loaded in one process and timed
+The lean path (the default) drops the vision layers no feature reads (encode_node/vision_layers.py), makes the
+pixel values with the image processor's own methods but not its per-call overhead (encode_node/image_pixels.py)
+and runs the tower as plain tensor operations (encode_node/lean_clip.py); `lean=False` is transformers' processor
+and whole tower. Both encoders are loaded in one process and timed
 alternately on the bench's synthetic photographs (benchmarks/bench/media.py), one image per call as at light load
 and a micro-batch of 8, with the outputs checked equal to the bit. Per call it also splits the time into pixel
 values and the tower + projector. Run pinned, one torch thread, as an encode worker runs:
@@ -42,7 +43,10 @@ def _split_ms(enc: LlavaImageEncoder, raws: list[bytes]) -> tuple[float, float, 
     t1 = time.perf_counter()
     px = _pixels(enc, images)
     t2 = time.perf_counter()
-    enc.model.get_image_features(pixel_values=px)
+    if enc.features is not None:
+        enc.features(px)
+    else:
+        enc.model.get_image_features(pixel_values=px)
     t3 = time.perf_counter()
     return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
 
@@ -90,11 +94,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{k:>9s}, one image: decode {s['decode_ms']:.3f}, pixel values {s['pixels_ms']:.3f}, "
               f"tower + projector {s['tower_ms']:.3f} ms")
     print(f"outputs equal to the bit: {same}; vision layers dropped: {lean.dropped_layers}; "
-          f"lean pixel values: {'yes' if lean.pixels is not None else 'no, ' + str(lean.pixels_why)}")
+          f"lean pixel values: {'yes' if lean.pixels is not None else 'no, ' + str(lean.pixels_why)}; "
+          f"lean tower: {'yes' if lean.features is not None else 'no, ' + str(lean.features_why)}")
     if a.out:
         write_json(a.out, {"command": " ".join(["python -m benchmarks.encoder_forward", *sys.argv[1:]]),
                            "model": str(a.model), "images": a.images, "rounds": a.rounds, "threads": 1,
-                           "outputs_equal": same, "dropped_layers": lean.dropped_layers, "rows": rows,
+                           "outputs_equal": same, "dropped_layers": lean.dropped_layers,
+                           "lean_pixels": lean.pixels is not None, "lean_tower": lean.features is not None, "rows": rows,
                            "split_one_image": split})
     if not same:
         sys.exit("the lean path's features differ from the reference's")

@@ -12,6 +12,7 @@ from coordinator.protocol.messages import EncodedMedia, Modality
 from encode_node.encoded import EncodedBatch, check_modality, decode_each, decode_image, split_per_request
 from encode_node.encoded import load_media_side
 from encode_node.image_pixels import lean_pixels
+from encode_node.lean_clip import LeanClipFeatures
 from encode_node.vision_layers import drop_unread_layers
 from native.pinned import HostStaging
 
@@ -22,9 +23,10 @@ class LlavaImageEncoder:
     """Loads the checkpoint, keeps only the vision side, encodes many requests' images in one pass.
 
     Features leave in the model's dtype (bfloat16 stays bfloat16 on the wire; the LLM casts to its own).
-    `lean` (the default) drops the vision layers the features never read (vision_layers.py) and makes pixel values
-    without the processor's per-call overhead (image_pixels.py), the same values to the bit; False runs transformers'
-    processor and whole tower, the reference the lean path is tested and timed against.
+    `lean` (the default) drops the vision layers the features never read (vision_layers.py), makes pixel values
+    without the processor's per-call overhead (image_pixels.py) and runs the tower as plain tensor operations
+    (lean_clip.py), the same values to the bit; False runs transformers' processor and whole tower, the reference the
+    lean path is tested and timed against.
     """
 
     modalities = frozenset({"image"})
@@ -38,6 +40,8 @@ class LlavaImageEncoder:
         """Vision layers removed because no feature reads them."""
         self.pixels, self.pixels_why = lean_pixels(self.processor.image_processor) if lean else (None, "lean=False")
         """The processor's values without its per-call overhead; None (and why) where the processor itself runs."""
+        self.features, self.features_why = LeanClipFeatures.wrap(self.model) if lean else (None, "lean=False")
+        """get_image_features without its per-call Python; None (and why) where the model's forward runs."""
         self.device, self.dtype = device, dtype
         self.staging = HostStaging(device)
         """Device -> host of each batch's features: one copy into a pinned buffer (native/pinned.py)."""
@@ -60,8 +64,11 @@ class LlavaImageEncoder:
         if flat:
             pixels = (self.pixels.pixels(flat) if self.pixels is not None
                       else self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"])
-            out = self.model.get_image_features(pixel_values=pixels.to(self.device, self.dtype))
-            feats = self.staging.to_host(list(out.pooler_output))
+            pixels = pixels.to(self.device, self.dtype)
+            if self.features is not None and not self.features.hooked():
+                feats = self.staging.to_host(self.features(pixels))
+            else:
+                feats = self.staging.to_host(list(self.model.get_image_features(pixel_values=pixels).pooler_output))
         per_request = split_per_request(decoded, feats, self.hidden_size)
         media, i = [], 0
         for ims in decoded:

@@ -22,6 +22,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
+from coordinator.protocol.module_hooks import foreign_hooks
+
 
 class LeanLlama:
     """Call with the arguments the runner gives LlamaModel; returns its last hidden state."""
@@ -42,12 +44,9 @@ class LeanLlama:
         return cls(model) if stock else None
 
     def hooked(self) -> bool:
-        """Whether a forward hook is registered on the model, any of its modules, or globally."""
-        from torch.nn.modules import module as nn_module
-
-        if nn_module._global_forward_pre_hooks or nn_module._global_forward_hooks:
-            return True
-        return any(m._forward_pre_hooks or m._forward_hooks for m in self._modules)
+        """Whether a forward hook is registered on the model, any of its modules, or globally (transformers' own
+        output-capturing hooks aside: coordinator/protocol/module_hooks.py)."""
+        return foreign_hooks(self._modules)
 
     @staticmethod
     def _norm(norm: llama.LlamaRMSNorm, h: torch.Tensor) -> torch.Tensor:
