@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from encode_node.vision_layers import drop_unread_layers
 from native.pinned import HostStaging
 
 __all__ = ["EncodedBatch", "LlavaImageEncoder"]
+log = logging.getLogger(__name__)
 
 
 class LlavaImageEncoder:
@@ -42,6 +44,10 @@ class LlavaImageEncoder:
         """The processor's values without its per-call overhead; None (and why) where the processor itself runs."""
         self.features, self.features_why = LeanClipFeatures.wrap(self.model) if lean else (None, "lean=False")
         """get_image_features without its per-call Python; None (and why) where the model's forward runs."""
+        if lean:
+            log.info("LLaVA encoder path", extra={"vision_layers_dropped": self.dropped_layers,
+                                                  "lean_pixels": self.pixels_why or "yes",
+                                                  "lean_tower": self.features_why or "yes"})
         self.device, self.dtype = device, dtype
         self.staging = HostStaging(device)
         """Device -> host of each batch's features: one copy into a pinned buffer (native/pinned.py)."""
