@@ -37,7 +37,10 @@ def encoder_curve(kind: str, device: str, batches: list[int], iters: int, deadli
     import torch
 
     if kind == "llava-1.5-7b":
+        from encode_node.vision_layers import drop_unread_layers
+
         model = pm.llava_model(device, torch.bfloat16, text_layers=1).model
+        drop_unread_layers(model)  # as the encode worker runs it: 23 of CLIP-L's 24 layers (feature layer -2)
         tokens = pm.LLAVA_IMAGE_TOKENS
 
         def forward(b: int):
