@@ -29,24 +29,15 @@ from encode_node.encoded import decode_image
 from encode_node.encoder import LlavaImageEncoder
 
 
-def _pixels(enc: LlavaImageEncoder, images) -> torch.Tensor:
-    if enc.pixels is not None:
-        return enc.pixels.pixels(images)
-    return enc.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
-
-
 @torch.inference_mode()
 def _split_ms(enc: LlavaImageEncoder, raws: list[bytes]) -> tuple[float, float, float]:
     """(decode, pixel values, tower + projector) ms for one call on `raws`."""
     t0 = time.perf_counter()
     images = [decode_image(r) for r in raws]
     t1 = time.perf_counter()
-    px = _pixels(enc, images)
+    px = enc.pixel_values(images)
     t2 = time.perf_counter()
-    if enc.features is not None:
-        enc.features(px)
-    else:
-        enc.model.get_image_features(pixel_values=px)
+    enc.tower(px)
     t3 = time.perf_counter()
     return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
 

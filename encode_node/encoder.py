@@ -68,13 +68,7 @@ class LlavaImageEncoder:
         flat = [im for ims in decoded if ims for im in ims]
         feats: list[torch.Tensor] = []
         if flat:
-            pixels = (self.pixels.pixels(flat) if self.pixels is not None
-                      else self.processor.image_processor(images=flat, return_tensors="pt")["pixel_values"])
-            pixels = pixels.to(self.device, self.dtype)
-            if self.features is not None and not self.features.hooked():
-                feats = self.staging.to_host(self.features(pixels))
-            else:
-                feats = self.staging.to_host(list(self.model.get_image_features(pixel_values=pixels).pooler_output))
+            feats = self.staging.to_host(self.tower(self.pixel_values(flat)))
         per_request = split_per_request(decoded, feats, self.hidden_size)
         media, i = [], 0
         for ims in decoded:
@@ -82,3 +76,15 @@ class LlavaImageEncoder:
             media.append([EncodedMedia(modality="image", num_tokens=f.shape[0]) for f in feats[i : i + n]])
             i += n
         return EncodedBatch(per_request, errors, time.perf_counter() - t0, media)
+
+    def pixel_values(self, images: list[Image.Image]) -> torch.Tensor:
+        """[n, 3, H, W] for the tower, on its device and in its dtype: lean where it applies, else the processor."""
+        pixels = (self.pixels.pixels(images) if self.pixels is not None
+                  else self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"])
+        return pixels.to(self.device, self.dtype)
+
+    def tower(self, pixels: torch.Tensor) -> list[torch.Tensor]:
+        """One [tokens, hidden] feature tensor per image: lean unless it does not apply or a hook is registered."""
+        if self.features is not None and not self.features.hooked():
+            return self.features(pixels)
+        return list(self.model.get_image_features(pixel_values=pixels).pooler_output)
