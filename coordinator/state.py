@@ -16,7 +16,7 @@ from coordinator.policies.base import PolicyConfig
 from coordinator.prompt import PromptBuilder
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.registry import WorkerRegistry
-from coordinator.routing_view import RoutingView
+from coordinator.protocol.routing_view import RoutingView
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The routing view (coordinator/routing_view.py) on a real Redis: concurrent dispatches share one registry
+"""The routing view (coordinator/protocol/routing_view.py) on a real Redis: concurrent dispatches share one registry
 scan, a scan is reused while young, routes while stale with a new scan beside it, is waited for when older, an
 empty one is never reused, and it routes as WorkerRegistry.alive does."""
 
@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import WorkerInfo
 from coordinator.protocol.registry import WorkerRegistry
-from coordinator.routing_view import RoutingView
+from coordinator.protocol.routing_view import RoutingView
 
 pytestmark = pytest.mark.redis
 

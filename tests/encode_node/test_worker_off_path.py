@@ -175,3 +175,43 @@ def test_the_policy_is_followed_without_any_batch(redis_url, key_prefix):
     assert 2 <= gets <= 3  # one GET a second
     assert outage == (0.5, False)  # Redis unreachable: the knobs last read stay, the loop goes on
     assert back == 0.25
+
+
+@pytest.mark.redis
+def test_a_batch_reads_no_registry_while_the_view_is_kept_fresh(redis_url, key_prefix):
+    """Where a batch's embeddings can go comes from the worker's routing view, scanned between batches: no
+    registry read runs beside a forward (it ran on the encoder's core, under its GIL). A worker that registers
+    is still seen within two refresh periods."""
+    from coordinator.protocol.registry import WorkerRegistry
+    from encode_node.worker import VIEW_REFRESH_S
+
+    async def go():
+        r = aioredis.Redis.from_url(redis_url)
+        w = _worker(redis_url, key_prefix, r)
+        registry = WorkerRegistry(r, Keys(key_prefix), 10.0)
+        await registry.register(_worker_status("llm-0", None).info)
+        fresh = asyncio.ensure_future(w.view.keep_fresh(VIEW_REFRESH_S))
+        try:
+            await asyncio.sleep(VIEW_REFRESH_S / 2)
+            async with Monitor(redis_url) as mon:
+                batches = [[s.info.worker_id for s in await w.prefill_targets()] for _ in range(5)]
+                await asyncio.sleep(0.1)
+                index_reads = sum(line.startswith(f"ZRANGE {Keys(key_prefix).workers} ") for line in mon.seen)
+            scans_before = w.view.scans
+            await registry.register(_worker_status("llm-1", None).info)
+            deadline = asyncio.get_running_loop().time() + 2 * VIEW_REFRESH_S + 1.0
+            seen = []
+            while "llm-1" not in seen and asyncio.get_running_loop().time() < deadline:
+                seen = [s.info.worker_id for s in await w.prefill_targets()]
+                await asyncio.sleep(0.01)
+            return batches, index_reads, seen, w.view.scans > scans_before
+        finally:
+            fresh.cancel()
+            w.channel.close()
+            await w.sender.close()
+            await r.aclose()
+
+    batches, index_reads, seen, rescanned = asyncio.run(go())
+    assert batches == [["llm-0"]] * 5
+    assert index_reads <= 3  # keep_fresh's own scans over ~0.2 s; five batches made none of their own
+    assert seen == ["llm-0", "llm-1"] and rescanned

@@ -13,6 +13,10 @@ load finds one it can use. A worker that died or started
 draining within that age may still get a request: the failover re-runs it (its holder left the registry),
 and a draining worker still serves what was routed to it, as with a scan taken just before it changed.
 An empty view is never reused, so a worker that just registered is seen at once.
+
+The encode worker routes its embeddings on a view of its own, kept fresh between batches (`keep_fresh`), for
+the same reason: a scan per micro-batch ran beside every forward, on the encoder's core and under its GIL
+(encode_node/worker.py).
 """
 
 from __future__ import annotations
