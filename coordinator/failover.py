@@ -86,8 +86,8 @@ class Failover:
                 log.warning("worker gone: reaped its registry entry and job stream", extra={"worker_id": worker_id})
         for flight in s.flights:
             h = flight.holder
-            if h is None or flight.done or flight.rerunning:
-                continue
+            if h is None or flight.done or flight.rerunning or flight.prompt_key is not None:
+                continue  # no holder yet, over, already re-running, or its prompt not built (a re-run needs it)
             if not flight.broken and (flight.holder_since >= seen_at or instances.get(h.worker_id) == h.instance):
                 continue
             flight.rerunning = True

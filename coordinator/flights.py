@@ -25,6 +25,7 @@ class RelayTimeout(TimeoutError):
 class Flight:
     request_id: str
     prompt_token_ids: list[int]
+    """Empty while `prompt_key` is set (the prompt is being built beside the first encode job)."""
     sampling: SamplingParams
     media: list[MediaRef]
     """The request's stored media (empty for text-only): a re-run encodes them again."""
@@ -33,6 +34,9 @@ class Flight:
     inline: list[bytes] | None = field(default=None, repr=False)
     """The media's bytes, for the first run's encode job to carry (messages.INLINE_MEDIA_MAX_BYTES); dropped
     once that job is on its way, so a re-run reads them by key."""
+    prompt_key: str | None = None
+    """Set while the prompt is still being built beside its first encode job (coordinator/prompt_ahead.py): where
+    that job's encode worker will find it. The failover leaves such a flight alone until it is built."""
     attempt: int = 0
     holder: Holder | None = None
     holder_since: float = 0.0

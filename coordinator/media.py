@@ -75,7 +75,8 @@ def _too_big(size: int, limits: MediaLimits, param: str | None) -> MediaError:
     return MediaError(f"image is {mb(size)}; the limit is {mb(limits.max_image_bytes)} (--max-image-bytes)", param)
 
 
-def _from_data_url(url: str, limits: MediaLimits, param: str | None) -> bytes:
+def image_data_url_bytes(url: str, limits: MediaLimits, param: str | None) -> bytes:
+    """The bytes of an image/* data URL, within --max-image-bytes; MediaError otherwise."""
     mime, b64 = split_data_url(url, param, _expected(limits))
     if not mime.startswith("image/"):
         raise MediaError(f"data URL media type is {mime or 'missing'!r}; send an image/* type", param)
@@ -122,22 +123,35 @@ def _read_file(path: Path, limits: MediaLimits, param: str | None) -> bytes:
     return data
 
 
-def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None) -> ImageInput:
-    """Prove `data` is a whole image of an allowed format and size (its pixels decode)."""
+def image_header(data: bytes, limits: MediaLimits, param: str | None = None) -> tuple[str, int, int]:
+    """(format, width, height) from `data`'s header, within the byte and pixel limits and of an allowed format; the
+    pixels are not decoded (check_image_bytes does that too)."""
     if not data:
         raise MediaError("image is empty", param)
     if len(data) > limits.max_image_bytes:
         raise _too_big(len(data), limits, param)
-    allowed = ", ".join(limits.allowed_formats)
     try:
         with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
             fmt, (w, h) = im.format or "", im.size
-            if w * h > limits.max_image_pixels:
-                raise MediaError(
-                    f"image is {w}x{h} = {w * h:,} pixels; "
-                    f"the limit is {limits.max_image_pixels:,} (--max-image-pixels)",
-                    param,
-                )
+    except Image.DecompressionBombError:
+        raise MediaError(f"image has too many pixels; the limit is {limits.max_image_pixels:,}", param) from None
+    except Image.UnidentifiedImageError:
+        raise MediaError(f"data is not an image in an accepted format ({', '.join(limits.allowed_formats)})",
+                         param) from None
+    except Exception as e:  # PIL raises many types for corrupt files (SyntaxError, OSError, struct.error...)
+        raise MediaError(f"image is corrupt: {e}", param) from None
+    if w * h > limits.max_image_pixels:
+        raise MediaError(f"image is {w}x{h} = {w * h:,} pixels; the limit is {limits.max_image_pixels:,} "
+                         "(--max-image-pixels)", param)
+    return fmt, w, h
+
+
+def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None) -> ImageInput:
+    """Prove `data` is a whole image of an allowed format and size (its pixels decode)."""
+    fmt, w, h = image_header(data, limits, param)
+    allowed = ", ".join(limits.allowed_formats)
+    try:
+        with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
             im.verify()
         # verify() checks structure only; a truncated JPEG passes it. Decoding the pixels (bounded by
         # max_image_pixels above) makes a truncated image a 400 here rather than a failure on the encoder. A JPEG
@@ -165,7 +179,7 @@ def load_image(url: str, limits: MediaLimits, param: str | None = None) -> Image
     """
     url = url.strip()
     if url.startswith("data:"):
-        data = _from_data_url(url, limits, param)
+        data = image_data_url_bytes(url, limits, param)
     elif url.startswith(("http://", "https://")):
         raise MediaError(f"remote image URLs are not fetched; {_expected(limits)}", param)
     elif url.startswith(("file:", "/")):

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from coordinator.errors import RequestError
 from coordinator.flights import Flight
@@ -14,6 +18,8 @@ from coordinator.protocol.roles import PREFILLING
 from coordinator.protocol.streams import push_job
 from coordinator.state import AppState
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 WAIT_FOR_WORKER_S = 2.0
 """How long a request waits for a worker of the role it needs to be alive before it is answered 503 (a
 supervisor may be restarting one; after a Redis restart workers re-register within a heartbeat)."""
@@ -29,9 +35,12 @@ def text_targets(alive: list[WorkerStatus], policy: PolicyConfig) -> list[Worker
     return remote or local or (steal if policy.stealing.enabled else [])
 
 
-def media_refs(state: AppState, request_id: str, media: list[tuple[Modality, bytes]]) -> list[MediaRef]:
-    """Where each media item is stored (store_media), by key."""
-    return [MediaRef(key=state.keys.media(request_id, i), kind=kind) for i, (kind, _) in enumerate(media)]
+def media_refs(state: AppState, request_id: str, media: list[tuple[Modality, bytes]],
+               tokens: list[int] | None = None) -> list[MediaRef]:
+    """Where each media item is stored (store_media), by key, with the placeholder tokens each expands to."""
+    tokens = tokens or [0] * len(media)
+    return [MediaRef(key=state.keys.media(request_id, i), kind=kind, tokens=n)
+            for i, ((kind, _), n) in enumerate(zip(media, tokens, strict=True))]
 
 
 def inline_bytes(media: list[tuple[Modality, bytes]]) -> list[bytes] | None:
@@ -77,7 +86,8 @@ async def dispatch(state: AppState, flight: Flight) -> None:
             raise RequestError("no encode worker is alive; start one (tierserve up --encode 1) and retry",
                                status=503, code="no_encode_worker")
         flight.hold(target.info.holder)
-        await state.dispatcher.submit(target.info.worker_id, EncodeJob(media=flight.encode_media(), **fields))
+        await state.dispatcher.submit(target.info.worker_id, EncodeJob(media=flight.encode_media(),
+                                                                        prompt_key=flight.prompt_key, **fields))
         return
     target = least_loaded(text_targets(await state.routing.alive(PREFILLING), state.policy), state.counter)
     if target is None:
@@ -85,3 +95,45 @@ async def dispatch(state: AppState, flight: Flight) -> None:
                            status=503, code="no_llm_worker")
     flight.hold(target.info.holder)
     await push_job(state.redis, state.keys, target.info.worker_id, PrefillJob(**fields))
+
+
+async def cleanup(state: AppState, request_id: str, keys: list[str], finished: bool) -> None:
+    """Best effort: with Redis down, the media keys' TTL and the workers' own limits clean up instead."""
+    state.flights.remove(request_id)
+    try:
+        if not finished:  # client went away or timed out: stop the workers spending compute on it
+            await state.redis.publish(state.keys.aborts, request_id)
+        if keys:
+            await state.redis.delete(*keys)
+    except Exception as e:
+        log.warning("request cleanup failed", extra={"request_id": request_id, "error": str(e)})
+
+
+async def store_and_dispatch(state: AppState, flight: Flight, media: list[tuple[Modality, bytes]],
+                             beside: Callable[[], Awaitable[T]] | None = None) -> T | None:
+    """Store the media and send the first run on its way: at once when its encode job carries the bytes (the
+    encode worker never waits for the store, which only a re-run needs), else the store first. `beside()` starts
+    as soon as the job is on its way and runs with the store (a prompt sent after its job is built there,
+    prompt_ahead.py); its result is returned. On a failure of any of them nothing stays stored or running."""
+    keys = [ref.key for ref in flight.media]
+    storing = asyncio.ensure_future(store_media(state, flight.media, media)) if flight.inline else None
+    after: asyncio.Future[T] | None = None
+    dispatched = False
+    try:
+        if storing is None:
+            await store_media(state, flight.media, media)
+        await dispatch_soon(state, flight)
+        dispatched = True
+        after = asyncio.ensure_future(beside()) if beside is not None else None
+        if storing is not None:
+            await storing
+        return await after if after is not None else None
+    except BaseException:
+        for pending in (storing, after):  # let them settle, so the clean-up's delete comes after a store
+            if pending is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(pending)
+        await asyncio.shield(cleanup(state, flight.request_id, keys, finished=not dispatched))
+        raise
+    finally:
+        flight.inline = None  # the job holds them now; a re-run reads the keys

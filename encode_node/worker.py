@@ -2,9 +2,9 @@
 
 Per loop: take one micro-batch (the coordinator's dispatch policy released it onto this stream),
 fetch the media, claim the GPU (gpu_share.py: at most one stolen step to wait for, then the SM split),
-run the encoder once for the whole batch in a thread (so heartbeats keep flowing), then for each
-request send its embeddings to the prefill-capable LLM worker routing.py picks and tell that worker
-on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis once a second, by a
+run the encoder once for the whole batch in a thread (so heartbeats keep flowing; the prompts of jobs the
+coordinator sent before building them are popped meanwhile, prompts.py), then for each request send its
+embeddings to the prefill-capable LLM worker routing.py picks and tell that worker on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis once a second, by a
 loop of their own, off the requests' path.
 
 On SIGTERM with `drain_timeout_s` (a plan switch or rolling restart retiring it) the worker drains like an LLM
@@ -46,6 +46,7 @@ from coordinator.protocol.streams import JobStream, event_for, hand_over, publis
 from encode_node.config import EncodeWorkerConfig
 from encode_node.encoded import Encoder
 from encode_node.gpu_share import EncoderGpuShare
+from encode_node.prompts import fill, placeholder_tokens, pop_prompts
 from encode_node.routing import RequestRouter, Targets
 from native.nvml import GpuTelemetry
 from native.stream_partition import StreamPartition
@@ -187,7 +188,10 @@ class EncodeWorker:
         await self.fail([j for j, m in zip(jobs, media) if m is None], "media expired before encoding")
         if not ok:
             return
-        tokens = sum(t in self.encoder.placeholder_ids for j, _ in ok for t in j.prompt_token_ids)
+        tokens = sum(placeholder_tokens(j, self.encoder.placeholder_ids) for j, _ in ok)
+        # Prompts sent after their jobs are popped beside the forward (encode_node/prompts.py).
+        prompts = (asyncio.ensure_future(pop_prompts(self.redis, [j for j, _ in ok]))
+                   if any(j.prompt_key is not None for j, _ in ok) else None)
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_dequeued")}), m) for j, m in ok]
         def encode(jobs=ok):  # after the claim, in its thread: the forward runs on the stream it masked
             jobs = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in jobs]
@@ -198,6 +202,8 @@ class EncodeWorker:
             _, (ok, batch) = await self.compute.run(self.share.run_batch, len(ok), tokens, encode)
         except Exception as e:
             scan.cancel()
+            if prompts is not None:
+                prompts.cancel()
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
@@ -208,13 +214,21 @@ class EncodeWorker:
         for (j, _), err in zip(ok, batch.errors):
             if err is not None:
                 await self.fail([j], err)
+        ready, missing = await prompts if prompts is not None else ({}, "")
+        encoded = []
+        for (j, _), emb, media in zip(ok, batch.per_request, batch.media):
+            if emb is None:
+                continue
+            if (filled := fill(j, ready.get(j.request_id))) is not None:
+                encoded.append((filled, emb, media))
+            elif j.request_id not in ready:
+                await self.fail([j], f"encoded, but {missing}")
         targets = Targets.sort(await scan, self.cfg.worker_id)
         held = self.channel.stolen_held() + (await self.redis.xlen(self.keys.jobs(targets.steal[0].info.worker_id))
                                              if targets.steal else 0)
         now = time.monotonic()
         self.router.observe(targets, self.queued_batches if pending is None else pending, held, now)
-        chosen = [(j, emb, media, self.router.choose(j, targets, now))
-                  for (j, _), emb, media in zip(ok, batch.per_request, batch.media) if emb is not None]
+        chosen = [(j, emb, media, self.router.choose(j, targets, now)) for j, emb, media in encoded]
         # Each request waited for the whole batch: charge it the batch's wall time (latency view).
         # The fallbacks if a chosen worker fails: remote workers, least loaded first (never a stealing one).
         others = sorted(targets.remote or targets.local, key=lambda w: w.load)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -25,7 +24,8 @@ from coordinator.protocol.logprobs import TokenLogprobs
 from coordinator.protocol.messages import Modality, TokenEvent
 from coordinator.protocol.process import cancel_and_wait
 from coordinator.state import AppState, State
-from coordinator.submit import dispatch_soon, inline_bytes, media_refs, store_media
+from coordinator.prompt_ahead import dispatch_ahead, media_ahead
+from coordinator.submit import cleanup, inline_bytes, media_refs, store_and_dispatch
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -143,42 +143,6 @@ def _inline(req: ChatCompletionRequest) -> bool:
     return True
 
 
-async def _cleanup(state: AppState, request_id: str, keys: list[str], finished: bool) -> None:
-    """Best effort: with Redis down, the media keys' TTL and the workers' own limits clean up instead."""
-    state.flights.remove(request_id)
-    try:
-        if not finished:  # client went away or timed out: stop the workers spending compute on it
-            await state.redis.publish(state.keys.aborts, request_id)
-        if keys:
-            await state.redis.delete(*keys)
-    except Exception as e:
-        log.warning("request cleanup failed", extra={"request_id": request_id, "error": str(e)})
-
-
-async def _store_and_dispatch(state: AppState, flight: Flight, media: list[tuple[Modality, bytes]]) -> None:
-    """Store the media and send the first run on its way: at once when its encode job carries the bytes (the
-    encode worker never waits for the store, which only a re-run needs), else the store first. On a failure
-    nothing stays stored or running."""
-    keys = [ref.key for ref in flight.media]
-    storing = asyncio.ensure_future(store_media(state, flight.media, media)) if flight.inline else None
-    dispatched = False
-    try:
-        if storing is None:
-            await store_media(state, flight.media, media)
-        await dispatch_soon(state, flight)
-        dispatched = True
-        if storing is not None:
-            await storing
-    except BaseException:
-        if storing is not None:  # let a store in flight settle, so the clean-up's delete comes after it
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(storing)
-        await asyncio.shield(_cleanup(state, flight.request_id, keys, finished=not dispatched))
-        raise
-    finally:
-        flight.inline = None  # the job holds them now; a re-run reads the keys
-
-
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, state: State) -> JSONResponse | StreamingResponse:
     t0, received = time.perf_counter(), time.time()
@@ -189,15 +153,21 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
     if req.model != state.config.model_name:
         raise RequestError(f"model '{req.model}' is not served here; GET /v1/models lists '{state.config.model_name}'",
                            param="model", status=404, code="model_not_found")
-    built = state.prompts.build(req) if _inline(req) else await asyncio.to_thread(state.prompts.build, req)
     rid = completion_id()
-    media = [(m.modality, m.data) for m in built.media]
-    sampling = sampling_from_request(req, default_max_tokens=built.max_tokens)
-    flight = Flight(rid, built.prompt_token_ids, sampling, media_refs(state, rid, media), received,
-                    inline=inline_bytes(media))
+    ahead = media_ahead(state.prompts, req)
+    if ahead is not None:  # the encode job leaves first; the prompt is built while the encoder runs
+        built, flight = await dispatch_ahead(state, req, ahead, rid, received)
+        sampling = flight.sampling
+    else:
+        built = state.prompts.build(req) if _inline(req) else await asyncio.to_thread(state.prompts.build, req)
+        media = [(m.modality, m.data) for m in built.media]
+        sampling = sampling_from_request(req, default_max_tokens=built.max_tokens)
+        flight = Flight(rid, built.prompt_token_ids, sampling,
+                        media_refs(state, rid, media, [m.num_tokens for m in built.media]), received,
+                        inline=inline_bytes(media))
+        state.flights.add(flight)
+        await store_and_dispatch(state, flight, media)
     keys = [ref.key for ref in flight.media]
-    state.flights.add(flight)
-    await _store_and_dispatch(state, flight, media)
     tracker = Tracker(state, rid, len(built.prompt_token_ids), t0)
     tracker.flight = flight
     events = flight.stream(state.config.request_timeout_s)
@@ -230,18 +200,18 @@ async def _complete(state: AppState, model: str, tr: Tracker, events: AsyncItera
         watching.cancel()
     if not collecting.done():  # the client went away: stop the workers spending compute on it
         await cancel_and_wait([collecting])
-        await _cleanup(state, tr.request_id, keys, finished=False)
+        await cleanup(state, tr.request_id, keys, finished=False)
         tr.record("disconnected")
         return JSONResponse(ErrorResponse.model_validate({"error": {"message": "client disconnected",
                             "type": "aborted"}}).model_dump(), status_code=499)
     try:
         collecting.result()
     except RelayTimeout as e:
-        await _cleanup(state, tr.request_id, keys, finished=False)
+        await cleanup(state, tr.request_id, keys, finished=False)
         tr.record("timeout")
         return JSONResponse(ErrorResponse.model_validate({"error": {"message": f"{e}; the request was aborted",
                             "type": "timeout"}}).model_dump(), status_code=504)
-    await _cleanup(state, tr.request_id, keys, finished=True)
+    await cleanup(state, tr.request_id, keys, finished=True)
     final = tr.final
     if final is None or final.finish_reason == "error":
         lost = tr.flight is not None and tr.flight.unavailable
@@ -317,4 +287,4 @@ async def _sse(state: AppState, model: str, tr: Tracker, events: AsyncIterator[T
         yield f"data: {json.dumps({'error': {'message': f'{e}; the request was aborted', 'type': 'timeout'}})}\n\n"
         yield "data: [DONE]\n\n"
     finally:
-        await asyncio.shield(_cleanup(state, tr.request_id, keys, finished))
+        await asyncio.shield(cleanup(state, tr.request_id, keys, finished))

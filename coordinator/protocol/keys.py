@@ -43,6 +43,10 @@ class Keys:
         """Raw media bytes of one request part (TTL'd)."""
         return f"{self.prefix}:media:{request_id}:{index}"
 
+    def prompt(self, request_id: str) -> str:
+        """List (TTL'd) holding one PromptReady: the prompt of an encode job that left before it was built."""
+        return f"{self.prefix}:prompt:{request_id}"
+
     @property
     def aborts(self) -> str:
         """Pub/sub channel: request ids whose client went away."""

@@ -95,6 +95,9 @@ class MediaRef(BaseModel):
     data: bytes | None = Field(None, repr=False)
     """The bytes under `key`, inline (base64 in JSON) on a request's first encode job when its media are small
     (INLINE_MEDIA_MAX_BYTES); None: read them from `key`."""
+    tokens: int = Field(0, ge=0)
+    """Placeholder tokens this item expands to in the prompt, as the coordinator counted them (0: not counted;
+    the prompt's ids say it). A job sent before its prompt (EncodeJob.prompt_key) weighs its SM split by them."""
 
 
 class EncodedMedia(BaseModel):
@@ -125,11 +128,33 @@ class EncodeJob(_Job):
     """One modality per request, so a micro-batch holds one modality (the encoder runs one path)."""
     prefill_worker: str | None = None
     """Pin the prefill to this worker; None lets the encode worker choose (the control point)."""
+    prompt_key: str | None = None
+    """Set when the job left before its prompt was built (coordinator/prompt_ahead.py): its prompt_token_ids are
+    empty and its sampling provisional until the encode worker pops a PromptReady from this Redis list, before
+    its embeddings leave. None: the job carries its prompt."""
 
     @property
     def modality(self) -> Modality:
         """The request's one modality (the coordinator refuses requests that mix them)."""
         return self.media[0].kind if self.media else "image"
+
+
+class PromptReady(BaseModel):
+    """The prompt of an encode job that left before it (EncodeJob.prompt_key), once the coordinator built it; or
+    `refused`: the request was answered with an error meanwhile, so its embeddings go nowhere."""
+
+    prompt_token_ids: list[int] = []
+    sampling: SamplingParams | None = None
+    built_at: float = 0.0
+    """Coordinator wall-clock time (time.time()) the prompt was built: the job's "prompt_built" mark."""
+    refused: str | None = None
+    """Why the request ended before its prompt was ready (bad input, client gone); None: ready."""
+
+    @model_validator(mode="after")
+    def _ready_or_refused(self) -> "PromptReady":
+        if self.refused is None and (not self.prompt_token_ids or self.sampling is None):
+            raise ValueError("a PromptReady carries the prompt's ids and sampling, or says why it was refused")
+        return self
 
 
 class EncodeBatch(BaseModel):
