@@ -45,11 +45,11 @@ class MediaAhead:
 
 def media_ahead(builder: PromptBuilder, req: ChatCompletionRequest) -> MediaAhead | None:
     """The request's images when its encode job can leave before its prompt is built, else None (a request that
-    is not eligible, or whose media fail the header checks: the ordinary build then answers it)."""
+    is not eligible, or whose media fail the header checks: the ordinary build then answers it). It runs on the
+    event loop, so nothing is decoded before the parts' count and encoded size say the request qualifies."""
     if "image" not in builder.view.placeholders:
         return None
-    media: list[tuple[Modality, bytes]] = []
-    sizes: list[tuple[int, int]] = []
+    urls: list[str] = []
     chars = 0
     for msg in req.messages:
         if msg.content is None or isinstance(msg.content, str):
@@ -58,18 +58,24 @@ def media_ahead(builder: PromptBuilder, req: ChatCompletionRequest) -> MediaAhea
         for part in msg.content:
             if isinstance(part, TextPart):
                 chars += len(part.text)
-                continue
-            if not isinstance(part, ImageURLPart) or not part.image_url.url.startswith("data:"):
+            elif isinstance(part, ImageURLPart) and part.image_url.url.startswith("data:"):
+                urls.append(part.image_url.url)
+            else:
                 return None  # video, audio, a local path: built first
-            try:
-                data = image_data_url_bytes(part.image_url.url, builder.limits, None)
-                _, width, height = image_header(data, builder.limits)
-            except MediaError:
-                return None
-            media.append(("image", data))
-            sizes.append((height, width))
-    if (not media or len(media) > builder.limits.max_images_per_request or chars > AHEAD_MAX_CHARS
-            or sum(len(raw) for _, raw in media) > INLINE_MEDIA_MAX_BYTES):
+    if (not urls or len(urls) > builder.limits.max_images_per_request or chars > AHEAD_MAX_CHARS
+            or sum(len(u) for u in urls) * 3 // 4 > INLINE_MEDIA_MAX_BYTES + 1024):  # base64: 4 chars per 3 bytes
+        return None
+    media: list[tuple[Modality, bytes]] = []
+    sizes: list[tuple[int, int]] = []
+    for url in urls:
+        try:
+            data = image_data_url_bytes(url, builder.limits, None)
+            _, width, height = image_header(data, builder.limits)
+        except MediaError:
+            return None
+        media.append(("image", data))
+        sizes.append((height, width))
+    if sum(len(raw) for _, raw in media) > INLINE_MEDIA_MAX_BYTES:
         return None
     return MediaAhead(media, builder.view.image_tokens(sizes))
 

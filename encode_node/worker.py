@@ -46,7 +46,7 @@ from coordinator.protocol.streams import JobStream, event_for, hand_over, publis
 from encode_node.config import EncodeWorkerConfig
 from encode_node.encoded import Encoder
 from encode_node.gpu_share import EncoderGpuShare
-from encode_node.prompts import fill, placeholder_tokens, pop_prompts
+from encode_node.prompts import PromptPop, fill, placeholder_tokens
 from encode_node.routing import RequestRouter, Targets
 from native.nvml import GpuTelemetry
 from native.stream_partition import StreamPartition
@@ -189,9 +189,8 @@ class EncodeWorker:
         if not ok:
             return
         tokens = sum(placeholder_tokens(j, self.encoder.placeholder_ids) for j, _ in ok)
-        # Prompts sent after their jobs are popped beside the forward (encode_node/prompts.py).
-        prompts = (asyncio.ensure_future(pop_prompts(self.redis, [j for j, _ in ok]))
-                   if any(j.prompt_key is not None for j, _ in ok) else None)
+        prompts = PromptPop(self.redis, [j for j, _ in ok])  # of jobs sent before their prompts (prompts.py)
+        await prompts.send()
         ok = [(j.model_copy(update={"timing": j.timing.mark("encode_dequeued")}), m) for j, m in ok]
         def encode(jobs=ok):  # after the claim, in its thread: the forward runs on the stream it masked
             jobs = [(j.model_copy(update={"timing": j.timing.mark("encode_start")}), m) for j, m in jobs]
@@ -202,8 +201,7 @@ class EncodeWorker:
             _, (ok, batch) = await self.compute.run(self.share.run_batch, len(ok), tokens, encode)
         except Exception as e:
             scan.cancel()
-            if prompts is not None:
-                prompts.cancel()
+            await prompts.close()
             log.exception("encode failed", extra={"batch": len(ok)})
             await self.fail([j for j, _ in ok], f"encoder failed: {e}")
             return
@@ -214,7 +212,7 @@ class EncodeWorker:
         for (j, _), err in zip(ok, batch.errors):
             if err is not None:
                 await self.fail([j], err)
-        ready, missing = await prompts if prompts is not None else ({}, "")
+        ready, missing = await prompts.result()
         encoded = []
         for (j, _), emb, media in zip(ok, batch.per_request, batch.media):
             if emb is None:

@@ -48,7 +48,12 @@ def test_a_corrupt_body_behind_a_good_header_goes_ahead_and_the_build_refuses_it
 
 @pytest.mark.parametrize("case", ["text only", "local path", "not an image", "too many pixels", "too many images",
                                   "long text", "too big to ride in the job"])
-def test_everything_else_is_built_first(builder, case):
+def test_everything_else_is_built_first(builder, case, monkeypatch):
+    import coordinator.prompt_ahead as ahead
+
+    decoded = []
+    real = ahead.image_data_url_bytes
+    monkeypatch.setattr(ahead, "image_data_url_bytes", lambda *a: decoded.append(1) or real(*a))
     small = _image(image_bytes(4, 32, 32))
     req = {
         "text only": lambda: _req(),
@@ -63,6 +68,8 @@ def test_everything_else_is_built_first(builder, case):
         raw = req.messages[0].content[0].image_url.url
         assert len(raw) * 3 // 4 > INLINE_MEDIA_MAX_BYTES
     assert media_ahead(builder, req) is None
+    if case in ("too many images", "long text", "too big to ride in the job"):
+        assert decoded == []  # refused from the parts' count and length, before any decoding (the event loop's time)
 
 
 def test_a_model_without_images_builds_first():
