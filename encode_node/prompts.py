@@ -39,7 +39,7 @@ class PromptPop:
     after the forward. Sent from a task instead, the command went out only once the forward was over (the event
     loop gets the GIL back from the forward's thread only then), and its round trip came after it: ~0.2-0.5 ms
     between the encoder's end and the embeddings leaving, in a live probe. A batch with more than one such job
-    pops the rest after the first."""
+    pops the rest after the first: those already pushed in one pipelined round trip, then any still to come."""
 
     def __init__(self, redis: Redis, jobs: list[EncodeJob], wait_s: float = PROMPT_WAIT_S) -> None:
         self.redis, self.wait_s = redis, wait_s
@@ -74,6 +74,15 @@ class PromptPop:
                 _take(self.waiting, reply[0], reply[1], got)
         if self._failed or not self.waiting:
             return got, self._failed
+        try:  # the rest of a batch: those already there in one round trip, then a wait for any still to come
+            pipe = self.redis.pipeline(transaction=False)
+            for key in self.waiting:
+                pipe.lpop(key)
+            for key, raw in zip(list(self.waiting), await pipe.execute()):
+                if raw is not None:
+                    _take(self.waiting, key, raw, got)
+        except (RedisError, OSError) as e:
+            return got, f"its prompt could not be read from Redis ({e})"
         rest, why = await _pop_rest(self.redis, self.waiting, self.deadline, self.wait_s)
         return got | rest, why
 
