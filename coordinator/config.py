@@ -43,6 +43,10 @@ class CoordinatorConfig(BaseModel):
     max_audios_per_request: int = Field(4, ge=0)
     max_prompt_chars: int = Field(1 << 20, ge=1)
     """Most characters of text over all messages; more is answered 413 before anything is tokenized."""
+    prompt_ahead: bool = False
+    """Send an image request's encode job before its prompt is built, and build it while the encoder runs
+    (coordinator/prompt_ahead.py). Off by default: on a 2-core host that runs every process it took ~1.1 ms off
+    the way to the encoder and added as much after it (the coordinator's work then meets the LLM worker's)."""
     allowed_local_dirs: tuple[Path, ...] = ()
     """Directories from which `image_url` may name local files; empty means no local files."""
     media_ttl_s: int = Field(300, ge=1)

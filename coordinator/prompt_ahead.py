@@ -9,6 +9,11 @@ PromptReady on that Redis list, built meanwhile on the coordinator (on a core of
 one). The encode worker pops it beside its forward and fills the job in before the embeddings leave
 (encode_node/worker.py). Any request outside these cases is built first, as before.
 
+Off unless the coordinator runs with --prompt-ahead (CoordinatorConfig.prompt_ahead). Measured on a 2-core host
+running every process (benchmarks/results/bench-vllm-fast-host/trials20/): the way to the encoder 1.1-1.2 ms
+shorter, the way from it to the first token 0.4-1.6 ms longer, TTFT p50 no better; the coordinator's work moved
+later lands beside the LLM worker's on the one core not encoding. It is meant for a coordinator on cores of its own.
+
 A request whose build then fails (a corrupt image body, a prompt too long, a template error) gets the error the
 ordinary order would have given, and its PromptReady says `refused`, so the encoder drops what it computed. The
 failover re-runs such a flight only once its prompt is built (a re-run carries it).

@@ -154,7 +154,7 @@ async def chat_completions(request: Request, state: State) -> JSONResponse | Str
         raise RequestError(f"model '{req.model}' is not served here; GET /v1/models lists '{state.config.model_name}'",
                            param="model", status=404, code="model_not_found")
     rid = completion_id()
-    ahead = media_ahead(state.prompts, req)
+    ahead = media_ahead(state.prompts, req) if state.config.prompt_ahead else None
     if ahead is not None:  # the encode job leaves first; the prompt is built while the encoder runs
         built, flight = await dispatch_ahead(state, req, ahead, rid, received)
         sampling = flight.sampling

@@ -77,3 +77,15 @@ def test_a_model_without_images_builds_first():
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [
         _image(image_bytes(6, 32, 32)), {"type": "text", "text": "hi"}]}]})
     assert media_ahead(audio, req) is None
+
+
+def test_it_is_off_unless_the_coordinator_is_asked():
+    import argparse
+
+    from coordinator.serve import add_coordinator_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_coordinator_args(p)
+    off = config_from_args(p.parse_args([]), "redis://127.0.0.1:6379/0")
+    on = config_from_args(p.parse_args(["--prompt-ahead"]), "redis://127.0.0.1:6379/0")
+    assert (off.prompt_ahead, on.prompt_ahead) == (False, True)

@@ -18,11 +18,13 @@ def media_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster(redis_url, tmp_path_factory, media_dir):
     """One encode worker with a co-located prefill worker (llm-local-0); a combined worker and a
-    prefill -> decode pair, so every LLM path is live."""
+    prefill -> decode pair, so every LLM path is live. Its image requests take the prompt-ahead path
+    (coordinator/prompt_ahead.py), so the tests on it check that path too; the other clusters build first."""
     yield from serve_cluster(
         tmp_path_factory.mktemp("cluster-logs"), encode_workers=1, llm_roles=["combined", "prefill", "decode"],
         local_prefill=True, steal=True, redis_url=redis_url,
-        coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir)])
+        coordinator_args=["--max-image-bytes", str(MAX_IMAGE_BYTES), "--allowed-local-media-dir", str(media_dir),
+                          "--prompt-ahead"])
 
 
 @pytest.fixture(scope="session")
