@@ -4,8 +4,9 @@ Per loop: take one micro-batch (the coordinator's dispatch policy released it on
 fetch the media, claim the GPU (gpu_share.py: at most one stolen step to wait for, then the SM split),
 run the encoder once for the whole batch in a thread (so heartbeats keep flowing; the prompts of jobs the
 coordinator sent before building them are popped meanwhile, prompts.py), then for each request send its
-embeddings to the prefill-capable LLM worker routing.py picks and tell that worker on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis once a second, by a
-loop of their own, off the requests' path.
+embeddings to the prefill-capable LLM worker routing.py picks (on a routing view kept fresh between batches)
+and tell that worker on its job stream. Run-time knobs (s, stealing, SM partition) are re-read from Redis once a
+second, by a loop of their own, off the requests' path.
 
 On SIGTERM with `drain_timeout_s` (a plan switch or rolling restart retiring it) the worker drains like an LLM
 worker: its registry record says draining, so the coordinator's dispatch (registry.alive) queues nothing new
