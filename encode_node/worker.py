@@ -58,6 +58,7 @@ POLICY_REFRESH_S = 1.0
 VIEW_REFRESH_S = 0.1
 """How often the routing view is scanned between batches (RoutingView.keep_fresh): a batch finds a view at most
 this old (plus a scan) and reads no registry on its way; the loads in it change every heartbeat (0.5 s)."""
+NO_LLM_WORKER = "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)"
 DRAIN_POLL_S = 0.05
 DRAIN_QUIET_MARGIN_S = 0.5
 """A draining worker stops once its stream has been empty for the batch policy's max_wait_s plus this."""
@@ -307,16 +308,17 @@ class EncodeWorker:
     async def forward(self, job: EncodeJob, emb: torch.Tensor, media: list[EncodedMedia], encode_s: float,
                       target: WorkerStatus | None, others: list[WorkerStatus]) -> None:
         if target is None:
-            await self.fail([job], "no prefill or combined LLM worker is alive; start one (tierserve up --llm ...)")
+            await self.fail([job], NO_LLM_WORKER)
             return
         t0 = time.perf_counter()
+        candidates = [target, *[w for w in others if w is not target]]
         try:  # the chosen worker first; if it fails (died, hangs), the least loaded of the others
-            target, descs = await deliver(self.sender, [target, *[w for w in others if w is not target]],
-                                          transfer_id(job.request_id, job.attempt), {"mm_embeds": emb},
-                                          lambda ws: ws[0] if ws else None)
+            target, descs = await deliver(self.sender, candidates, transfer_id(job.request_id, job.attempt),
+                                          {"mm_embeds": emb}, lambda ws: ws[0] if ws else None)
         except DeliveryError as e:
-            await self.fail([job], f"sending embeddings failed: {e}")
-            return
+            if (sent := await self.redeliver(job, emb, {w.info.worker_id for w in candidates}, e)) is None:
+                return
+            target, descs = sent
         timing = job.timing.mark("embeddings_sent", encode_s=encode_s, transfer_s=time.perf_counter() - t0)
         prefill = PrefillJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
@@ -324,6 +326,27 @@ class EncodeWorker:
             reply_to=job.reply_to, output_token_ids=job.output_token_ids,
         )
         await hand_over(self.redis, self.keys, target.info.holder, prefill, reply_key(self.keys, job))
+
+    async def redeliver(self, job: EncodeJob, emb: torch.Tensor, tried: set[str], error: DeliveryError
+                        ) -> tuple[WorkerStatus, list] | None:
+        """Every worker the batch's view offered failed. The view may be a refresh old and one in it dead since:
+        scan again, send to live workers not tried yet, and with none alive fail the request saying so. None when
+        the request failed (answered with the reason)."""
+        try:
+            alive = Targets.sort(await self.view.rescan(PREFILLING), self.cfg.worker_id)
+        except Exception:  # Redis away: the delivery's own failure is the reason
+            await self.fail([job], f"sending embeddings failed: {error}")
+            return None
+        if not alive.every:
+            await self.fail([job], NO_LLM_WORKER)
+            return None
+        untried = sorted((w for w in alive.remote or alive.local if w.info.worker_id not in tried), key=lambda w: w.load)
+        try:
+            return await deliver(self.sender, untried, transfer_id(job.request_id, job.attempt), {"mm_embeds": emb},
+                                 lambda ws: ws[0] if ws else None)
+        except DeliveryError as e:
+            await self.fail([job], f"sending embeddings failed: {error}" + ("" if not untried else f"; then {e}"))
+            return None
 
     async def fail(self, jobs: list[EncodeJob], reason: str) -> None:
         if jobs:

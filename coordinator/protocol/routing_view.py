@@ -60,6 +60,12 @@ class RoutingView:
             self._start_scan()  # beside this request: it routes on the view it has
         return [w for w in self._workers if w.info.role in roles]
 
+    async def rescan(self, roles: frozenset[Role] | set[Role]) -> list[WorkerStatus]:
+        """`alive` from a scan started now (or one already running): for a caller that just found a worker of the
+        view gone."""
+        await asyncio.shield(self._start_scan())
+        return [w for w in self._workers if w.info.role in roles]
+
     @property
     def age_s(self) -> float:
         """Seconds since the view's scan started (inf before the first)."""

@@ -97,3 +97,20 @@ async def test_kept_fresh_between_requests_a_light_load_request_waits_for_no_sca
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         await redis.aclose()
+
+
+async def test_a_rescan_sees_a_worker_gone_from_a_fresh_view(redis_url, key_prefix):
+    """A caller that found a worker of the view dead (the encode worker, after every send failed) scans again at
+    once, however fresh the view: the worker whose record expired is gone from what it gets."""
+    redis = Redis.from_url(redis_url)
+    reg = WorkerRegistry(redis, Keys(key_prefix), heartbeat_ttl_s=5.0)
+    view = RoutingView(reg, max_age_s=60.0, stale_s=60.0)
+    try:
+        await reg.register(_info("l0", "combined"))
+        await reg.register(_info("l1", "combined"))
+        assert [w.info.worker_id for w in await view.alive(frozenset({"combined"}))] == ["l0", "l1"]
+        await reg.deregister("l0")
+        assert [w.info.worker_id for w in await view.alive(frozenset({"combined"}))] == ["l0", "l1"]  # as fresh
+        assert [w.info.worker_id for w in await view.rescan(frozenset({"combined"}))] == ["l1"] and view.scans == 2
+    finally:
+        await redis.aclose()
