@@ -123,35 +123,50 @@ def _read_file(path: Path, limits: MediaLimits, param: str | None) -> bytes:
     return data
 
 
-def image_header(data: bytes, limits: MediaLimits, param: str | None = None) -> tuple[str, int, int]:
-    """(format, width, height) from `data`'s header, within the byte and pixel limits and of an allowed format; the
-    pixels are not decoded (check_image_bytes does that too)."""
-    if not data:
-        raise MediaError("image is empty", param)
-    if len(data) > limits.max_image_bytes:
-        raise _too_big(len(data), limits, param)
-    try:
-        with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
-            fmt, (w, h) = im.format or "", im.size
-    except Image.DecompressionBombError:
-        raise MediaError(f"image has too many pixels; the limit is {limits.max_image_pixels:,}", param) from None
-    except Image.UnidentifiedImageError:
-        raise MediaError(f"data is not an image in an accepted format ({', '.join(limits.allowed_formats)})",
-                         param) from None
-    except Exception as e:  # PIL raises many types for corrupt files (SyntaxError, OSError, struct.error...)
-        raise MediaError(f"image is corrupt: {e}", param) from None
+def _checked_size(im: Image.Image, limits: MediaLimits, param: str | None) -> tuple[str, int, int]:
+    fmt, (w, h) = im.format or "", im.size
     if w * h > limits.max_image_pixels:
         raise MediaError(f"image is {w}x{h} = {w * h:,} pixels; the limit is {limits.max_image_pixels:,} "
                          "(--max-image-pixels)", param)
     return fmt, w, h
 
 
-def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None) -> ImageInput:
-    """Prove `data` is a whole image of an allowed format and size (its pixels decode)."""
-    fmt, w, h = image_header(data, limits, param)
-    allowed = ", ".join(limits.allowed_formats)
+def _pil_error(e: Exception, limits: MediaLimits, param: str | None) -> MediaError:
+    """What a PIL failure on the client's bytes tells the client."""
+    if isinstance(e, MediaError):
+        return e
+    if isinstance(e, Image.DecompressionBombError):
+        return MediaError(f"image has too many pixels; the limit is {limits.max_image_pixels:,}", param)
+    if isinstance(e, Image.UnidentifiedImageError):
+        return MediaError(f"data is not an image in an accepted format ({', '.join(limits.allowed_formats)})", param)
+    # PIL raises many types for corrupt files (SyntaxError, OSError, struct.error...)
+    return MediaError(f"image is corrupt: {e}", param)
+
+
+def _check_length(data: bytes, limits: MediaLimits, param: str | None) -> None:
+    if not data:
+        raise MediaError("image is empty", param)
+    if len(data) > limits.max_image_bytes:
+        raise _too_big(len(data), limits, param)
+
+
+def image_header(data: bytes, limits: MediaLimits, param: str | None = None) -> tuple[str, int, int]:
+    """(format, width, height) from `data`'s header, within the byte and pixel limits and of an allowed format; the
+    pixels are not decoded (check_image_bytes does that too)."""
+    _check_length(data, limits, param)
     try:
         with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
+            return _checked_size(im, limits, param)
+    except Exception as e:
+        raise _pil_error(e, limits, param) from None
+
+
+def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None) -> ImageInput:
+    """Prove `data` is a whole image of an allowed format and size (its pixels decode)."""
+    _check_length(data, limits, param)
+    try:
+        with Image.open(io.BytesIO(data), formats=list(limits.allowed_formats)) as im:
+            fmt, w, h = _checked_size(im, limits, param)
             im.verify()
         # verify() checks structure only; a truncated JPEG passes it. Decoding the pixels (bounded by
         # max_image_pixels above) makes a truncated image a 400 here rather than a failure on the encoder. A JPEG
@@ -161,14 +176,8 @@ def check_image_bytes(data: bytes, limits: MediaLimits, param: str | None = None
             if im.format == "JPEG":
                 im.draft(im.mode, ((w + 7) // 8, (h + 7) // 8))
             im.load()
-    except MediaError:
-        raise
-    except Image.DecompressionBombError:
-        raise MediaError(f"image has too many pixels; the limit is {limits.max_image_pixels:,}", param) from None
-    except Image.UnidentifiedImageError:
-        raise MediaError(f"data is not an image in an accepted format ({allowed})", param) from None
-    except Exception as e:  # PIL raises many types for corrupt files (SyntaxError, OSError, struct.error...)
-        raise MediaError(f"image is corrupt: {e}", param) from None
+    except Exception as e:
+        raise _pil_error(e, limits, param) from None
     return ImageInput(data=data, format=fmt, width=w, height=h)
 
 
