@@ -29,12 +29,14 @@ from coordinator.oserve.flight_watch import MonitoredFlightBook
 from coordinator.oserve.monitor import WorkloadMonitor
 from coordinator.oserve.monitor_loop import WorkloadGauges, run_monitor
 from coordinator.policies.registry import make_batch_policy
+from coordinator.protocol import envs
 from coordinator.protocol.aborts import listen_channel
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.process import cancel_and_wait
 from coordinator.protocol.registry import WorkerRegistry
 from coordinator.redis_client import dedicated_client, open_redis
 from coordinator.replies import read_replies
+from coordinator.reply_listener import open_listener
 from coordinator.state import AppState
 
 log = logging.getLogger(__name__)
@@ -82,9 +84,12 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         await client.set(keys.policy, config.policy.model_dump_json())
         failover = Failover(state)
         await failover.start()
+        count_frame = lambda path: metrics.reply_frames.labels(path).inc()  # noqa: E731
+        listener = await open_listener(config, state.flights, state.reply_key, envs.cluster_secret(), count_frame)
+        state.reply_addr = listener.address if listener is not None else ""
         reader = dedicated_client(client)  # its blocking XREAD never waits on, or holds, a pooled connection
         tasks = [asyncio.create_task(listen_channel(client, keys.encoder_idle, dispatcher.encoder_idle, "encoder-idle")),
-                 asyncio.create_task(read_replies(reader, state.reply_key, state.flights)),
+                 asyncio.create_task(read_replies(reader, state.reply_key, state.flights, on_frame=count_frame)),
                  asyncio.create_task(failover.run()),
                  asyncio.create_task(state.routing.keep_fresh()),
                  asyncio.create_task(run_monitor(monitor, WorkloadGauges(metrics.registry), lambda: len(state.flights),
@@ -93,12 +98,16 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         # process: out of the collector's sight, a full collection takes ~1 ms instead of ~0.4 s, and the
         # collections that request garbage triggers stop costing the coordinator a large share of its CPU.
         gc.freeze()
-        log.info("coordinator ready", extra={"prefix": config.key_prefix, "replies": state.reply_key})
+        log.info("coordinator ready", extra={"prefix": config.key_prefix, "replies": state.reply_key,
+                                              "reply_link": state.reply_addr})
         try:
             yield
         finally:
             # A read cancelled mid-reply can leave its connection closing slowly: never let it hold up shutdown.
             await cancel_and_wait(tasks, SHUTDOWN_WAIT_S)
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(listener.close(), SHUTDOWN_WAIT_S)
             dispatcher.close()
             # Every step is bounded: a Redis that stopped answering must not hold a shutdown forever.
             with contextlib.suppress(Exception):

@@ -47,6 +47,14 @@ class CoordinatorConfig(BaseModel):
     """Send an image request's encode job before its prompt is built, and build it while the encoder runs
     (coordinator/prompt_ahead.py). Off by default: on a 2-core host that runs every process it took ~1.1 ms off
     the way to the encoder and added as much after it (the coordinator's work then meets the LLM worker's)."""
+    direct_replies: bool = True
+    """Take LLM workers' token events over direct TCP links (coordinator/reply_listener.py) as well as the reply
+    stream in Redis: one process hop less on every token's way out. Off a loopback address it needs the cluster
+    secret (TIERSERVE_CLUSTER_SECRET); without one the coordinator says so and uses the stream alone."""
+    reply_host: str | None = None
+    """The address workers reach the reply link at; None: `host` (this host's name when `host` is a wildcard)."""
+    reply_port: int = Field(0, ge=0, le=65535)
+    """The reply link's TCP port; 0: any free one (it travels in every job)."""
     allowed_local_dirs: tuple[Path, ...] = ()
     """Directories from which `image_url` may name local files; empty means no local files."""
     media_ttl_s: int = Field(300, ge=1)

@@ -88,7 +88,8 @@ class Failover:
             h = flight.holder
             if h is None or flight.done or flight.rerunning or flight.prompt_key is not None:
                 continue  # no holder yet, over, already re-running, or its prompt not built (a re-run needs it)
-            if not flight.broken and (flight.holder_since >= seen_at or instances.get(h.worker_id) == h.instance):
+            if not flight.gap_overdue(seen_at) and (flight.holder_since >= seen_at or
+                                                    instances.get(h.worker_id) == h.instance):
                 continue
             flight.rerunning = True
             self._spawn(self.rerun(flight))
@@ -109,7 +110,7 @@ class Failover:
         why = "lost some of its tokens" if flight.broken else f"lost worker {lost}"
         try:
             flight.lost_holders.append(lost)
-            flight.broken = False
+            flight.restart()
             if flight.attempt >= s.config.migration_limit:
                 s.metrics.reruns.labels("limit").inc()
                 flight.fail(f"the workers holding this request died {flight.attempt + 1} times "

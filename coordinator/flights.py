@@ -21,6 +21,11 @@ class RelayTimeout(TimeoutError):
     pass
 
 
+GAP_WAIT_S = 1.0
+"""How long events that skipped some tokens wait for them before the request is re-run from what its client has
+(tokens lost with Redis): far above the milliseconds by which a stream write trails a direct link's frame."""
+
+
 @dataclass
 class Flight:
     request_id: str
@@ -51,6 +56,11 @@ class Flight:
     rerunning: bool = False
     broken: bool = False
     """Its events skipped some tokens (lost with Redis): it needs a re-run from what the client has."""
+    ahead: dict[int, TokenEvent] = field(default_factory=dict, repr=False)
+    """Events that came before the ones they follow, by index: a worker's events may take two ways (its direct
+    reply link and the reply stream, reply_wire.py), so one may overtake another by a few milliseconds."""
+    gap_since: float | None = None
+    """time.monotonic() since when `ahead` has waited for a missing event; past GAP_WAIT_S the flight is broken."""
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
 
     def encode_media(self) -> list[MediaRef]:
@@ -71,11 +81,35 @@ class Flight:
             return
         if self.broken:
             return
-        have = len(self.output_token_ids)
-        if ev.token_ids and ev.index > have:  # tokens in between never arrived: re-run from what we have
-            self.broken = True
+        if ev.index > len(self.output_token_ids):  # tokens in between are still on their way, or lost
+            self.ahead.setdefault(ev.index, ev)
+            if self.gap_since is None:
+                self.gap_since = time.monotonic()
             return
-        if ev.token_ids and ev.index < have:  # a repeat of tokens already accepted (never expected)
+        self._take(ev)
+        while self.ahead and not self.done:  # what waited for it, and any repeat it made stale
+            index = min(self.ahead)
+            if index > len(self.output_token_ids):
+                break
+            self._take(self.ahead.pop(index))
+        if not self.ahead or self.done:
+            self.ahead.clear()
+            self.gap_since = None
+
+    def gap_overdue(self, now: float) -> bool:
+        """True once events have waited past GAP_WAIT_S for one that never came: marks the flight broken."""
+        if self.gap_since is not None and now - self.gap_since > GAP_WAIT_S and not self.done:
+            self.broken = True
+        return self.broken
+
+    def restart(self) -> None:
+        """A re-run begins: what waited for the old run's missing events goes."""
+        self.broken, self.gap_since = False, None
+        self.ahead.clear()
+
+    def _take(self, ev: TokenEvent) -> None:
+        have = len(self.output_token_ids)
+        if ev.token_ids and ev.index < have:  # a repeat of tokens already accepted (a write that came both ways)
             skip = have - ev.index
             if skip >= len(ev.token_ids) and ev.finish_reason is None:
                 return

@@ -19,9 +19,11 @@ BLOCK_MS = 1000
 BATCH = 1024
 
 
-async def read_replies(redis: Redis, key: str, book: FlightBook, backoff_s: float = 0.25) -> None:
+async def read_replies(redis: Redis, key: str, book: FlightBook, backoff_s: float = 0.25,
+                       on_frame=lambda path: None) -> None:
     """Forever: route each event on `key` to its flight; survives Redis restarts (read again from where it was;
-    a restarted Redis numbers new entries after the old ones, from its clock)."""
+    a restarted Redis numbers new entries after the old ones, from its clock). `on_frame("stream")` per entry.
+    Workers with a direct reply link up write here only what the link could not take (reply_listener.py)."""
     last = "0-0"
     trim: str | None = None
     """The last entry read and routed: the next read's round trip trims up to it."""
@@ -44,6 +46,7 @@ async def read_replies(redis: Redis, key: str, book: FlightBook, backoff_s: floa
                     except Exception as e:  # a malformed entry must not stop every request's relay
                         log.error("dropping malformed reply", extra={"entry": str(entry_id), "error": str(e)})
                         continue
+                    on_frame("stream")
                     for ev in events:
                         try:
                             book.route(ev)

@@ -79,7 +79,8 @@ async def dispatch(state: AppState, flight: Flight) -> None:
     state.counter += 1
     fields = dict(request_id=flight.request_id, prompt_token_ids=flight.prompt_token_ids, sampling=flight.sampling,
                   arrival=flight.received, timing=Timing(marks={"received": flight.received}).mark("submitted"),
-                  attempt=flight.attempt, reply_to=state.reply_key, output_token_ids=list(flight.output_token_ids))
+                  attempt=flight.attempt, reply_to=state.reply_key, reply_addr=state.reply_addr or None,
+                  output_token_ids=list(flight.output_token_ids))
     if flight.media:
         target = least_loaded(await state.routing.alive(frozenset({"encode"})), state.counter)
         if target is None:

@@ -323,7 +323,7 @@ class EncodeWorker:
         prefill = PrefillJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
             arrival=job.arrival, timing=timing, embeddings=descs, media=media, attempt=job.attempt,
-            reply_to=job.reply_to, output_token_ids=job.output_token_ids,
+            reply_to=job.reply_to, reply_addr=job.reply_addr, output_token_ids=job.output_token_ids,
         )
         await hand_over(self.redis, self.keys, target.info.holder, prefill, reply_key(self.keys, job))
 

@@ -91,7 +91,8 @@ class KVHandoff:
         await hand_over(self.redis, self.keys, target.info.holder, DecodeJob(
             request_id=job.request_id, prompt_token_ids=job.prompt_token_ids, sampling=job.sampling,
             arrival=job.arrival, timing=timing, output_token_ids=output_token_ids, kv=descs,
-            rope_delta=rope_delta, attempt=job.attempt, reply_to=job.reply_to, kv_transfer_params=kv_transfer_params,
+            rope_delta=rope_delta, attempt=job.attempt, reply_to=job.reply_to, reply_addr=job.reply_addr,
+            kv_transfer_params=kv_transfer_params,
             media=job.media if kv_transfer_params is not None else [],
         ), reply_key(self.keys, job))
         return target.info.worker_id

@@ -1,8 +1,9 @@
-"""The LLM worker process: prefill/decode jobs in, tokens out through Redis, KV out over the transport.
+"""The LLM worker process: prefill/decode jobs in, tokens out (over each coordinator's direct reply link, or
+through Redis: reply_links.py), KV out over the transport.
 
 Three supervised loops share the engine: intake turns job messages plus the tensors they name into
 engine requests; the engine loop runs `engine.step()` in a thread (the event loop stays free for
-transfers and heartbeats) and publishes each step's tokens in one Redis round trip while the next step
+transfers and heartbeats) and publishes each step's tokens (one write per coordinator) while the next step
 computes; the abort listener drops requests whose client left. A worker on an encode GPU steps
 through its `LLMGpuShare` (gpu_share.py): a stealing worker only while the encoder is idle. Requests and aborts enter the engine
 only between steps, so the engine needs no locks. A request this worker cannot finish because it stops
@@ -28,15 +29,16 @@ from coordinator.protocol.compute_thread import ComputeThread
 from coordinator.protocol.delivery import transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.logprobs import PackedLogprobs
-from coordinator.protocol.messages import AbortJob, DecodeJob, PrefillJob, WorkerInfo, new_instance
+from coordinator.protocol.messages import AbortJob, DecodeJob, PrefillJob, TokenEvent, WorkerInfo, new_instance
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry
-from coordinator.protocol.streams import JobStream, event_for, publish_tokens, reply_key
+from coordinator.protocol.streams import JobStream, by_stream, event_for, event_list, reply_address, reply_key
 from llm_node.config import LLMWorkerConfig
 from llm_node.engine_api import Engine, EngineRequest, StepOutput
 from llm_node.gpu_share import LLMGpuShare
 from llm_node.handoff import HandoffError, KVHandoff
+from llm_node.reply_links import ReplyLinks
 from native.nvml import GpuTelemetry
 from transport.base import EmbeddingReceiver, EmbeddingSender
 
@@ -57,6 +59,9 @@ class LLMWorker:
         self.registry = WorkerRegistry(redis, self.keys, cfg.heartbeat_ttl_s)
         self.jobs = JobStream(redis, self.keys, cfg.worker_id)
         self.handoff = KVHandoff(redis, self.keys, self.registry, sender)
+        self.replies = ReplyLinks(redis, cfg.worker_id,
+                                  cfg.cluster_secret.get_secret_value() if cfg.cluster_secret is not None else None)
+        """Where token events go: each coordinator's direct reply link while it is up, else its reply stream."""
         self.telemetry = GpuTelemetry(cfg.device)
         """NVML readings of this worker's GPU for its heartbeats (native/nvml.py); none on a CPU."""
         self.jobs_by_id: dict[str, PrefillJob | DecodeJob] = {}
@@ -118,6 +123,7 @@ class LLMWorker:
             log.warning("stopping with requests in flight; the coordinator re-runs them",
                         extra={"requests": list(self.jobs_by_id)})
         await self.jobs.delete()
+        await self.replies.close()
         await self.sender.close()
         await self.receiver.close()
         self.compute.close()
@@ -310,8 +316,17 @@ class LLMWorker:
                 ev.finish_reason, ev.prompt_tokens, ev.timing = out.finish_reason, len(job.prompt_token_ids), timing
                 ev.error = out.error
                 self.release(out.request_id)
-            events.append((reply_key(self.keys, job), ev))
-        await publish_tokens(self.redis, events)
+            events.append((job, ev))
+        await self.publish(events)
+
+    async def publish(self, events: list[tuple[PrefillJob | DecodeJob, TokenEvent]]) -> None:
+        """Each job's events to its coordinator, one write per coordinator, in order."""
+        keyed, link = [], {}
+        for job, ev in events:
+            key = reply_key(self.keys, job)
+            link.setdefault(key, reply_address(self.keys, job))
+            keyed.append((key, ev))
+        await self.replies.publish([(key, link[key], event_list(evs)) for key, evs in by_stream(keyed).items()])
 
     async def hand_off(self, job: PrefillJob, out: StepOutput) -> None:
         try:
@@ -336,6 +351,5 @@ class LLMWorker:
         await self.publish_errors(failed, reason)
 
     async def publish_errors(self, jobs: list[PrefillJob | DecodeJob], reason: str) -> None:
-        await publish_tokens(self.redis, [
-            (reply_key(self.keys, j), event_for(j, finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
-            for j in jobs])
+        await self.publish([(j, event_for(j, finish_reason="error", error=reason, worker_id=self.cfg.worker_id))
+                            for j in jobs])

@@ -73,6 +73,9 @@ class _Job(BaseModel):
     reply_to: str | None = None
     """The stream the request's TokenEvents go to (the coordinator's reply stream); None: the request's
     own stream `Keys.tokens(request_id)` (tests and tools that push jobs themselves)."""
+    reply_addr: str | None = Field(None, max_length=300)
+    """host:port of the coordinator's direct reply link (reply_wire.py), which the LLM worker writes this job's
+    events to while it is up, the reply stream standing in when it is not; None: the stream alone."""
     output_token_ids: list[int] = []
     """Tokens already produced and streamed to the client; on a re-run (attempt > 0) the LLM continues
     after them, so the client sees neither a repeated nor a missing token."""

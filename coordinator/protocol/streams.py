@@ -42,6 +42,11 @@ def reply_key(keys: Keys, job) -> str:
     return keys.tokens(job.request_id)
 
 
+def reply_address(keys: Keys, job) -> str | None:
+    """The direct reply link that stands in for `job`'s reply stream, if its coordinator has one."""
+    return job.reply_addr if job.reply_to and reply_key(keys, job) == job.reply_to else None
+
+
 def event_for(job, **fields) -> TokenEvent:
     """A TokenEvent of `job`'s request and attempt."""
     return TokenEvent(request_id=job.request_id, attempt=job.attempt, **fields)
@@ -141,29 +146,49 @@ class JobStream:
 
 def parse_token_events(fields: dict) -> list[TokenEvent]:
     """The events of one reply-stream entry, in the order they were published."""
-    return _EVENTS.validate_json(fields[_FIELD_B])
+    return parse_event_list(fields[_FIELD_B])
+
+
+def parse_event_list(body: bytes) -> list[TokenEvent]:
+    """A reply-stream entry's value (or a direct reply link's frame, reply_wire.py): its events in order."""
+    return _EVENTS.validate_json(body)
+
+
+def event_list(evs: list[TokenEvent]) -> bytes:
+    """The JSON of events one write sends to one stream: an entry's value, or a reply link frame's body."""
+    return _EVENTS.dump_json(evs, exclude_defaults=True)
+
+
+def by_stream(events: list[tuple[str, TokenEvent]]) -> dict[str, list[TokenEvent]]:
+    """(stream key, event) pairs grouped by stream, each group in order."""
+    out: dict[str, list[TokenEvent]] = {}
+    for key, ev in events:
+        out.setdefault(key, []).append(ev)
+    return out
 
 
 def _add_event(pipe, key: str, ev: TokenEvent) -> None:
-    _add_events(pipe, [(key, ev)])
+    add_entries(pipe, [(key, event_list([ev]))])
 
 
-def _add_events(pipe, events: list[tuple[str, TokenEvent]]) -> None:
-    by_key: dict[str, list[TokenEvent]] = {}
-    for key, ev in events:
-        by_key.setdefault(key, []).append(ev)
-    for key, evs in by_key.items():
-        pipe.xadd(key, {FIELD: _EVENTS.dump_json(evs, exclude_defaults=True)}, maxlen=REPLY_STREAM_MAXLEN,
-                  approximate=True)
+def add_entries(pipe, entries: list[tuple[str, bytes]]) -> None:
+    """Queue on `pipe` one reply-stream entry per (stream key, event_list body), in order."""
+    for key, body in entries:
+        pipe.xadd(key, {FIELD: body}, maxlen=REPLY_STREAM_MAXLEN, approximate=True)
         # Every write renews the TTL (a step's events mostly go to one coordinator's stream): a stream whose
         # reader left (and deleted it) cannot live forever.
         pipe.expire(key, TOKEN_STREAM_TTL_S)
 
 
-async def publish_tokens(redis: Redis, events: list[tuple[str, TokenEvent]]) -> None:
-    """(stream key, event) pairs, e.g. all of one engine step's events, in one round trip."""
-    if not events:
+async def publish_entries(redis: Redis, entries: list[tuple[str, bytes]]) -> None:
+    """`add_entries` in one round trip."""
+    if not entries:
         return
     pipe = redis.pipeline(transaction=False)
-    _add_events(pipe, events)
+    add_entries(pipe, entries)
     await pipe.execute()
+
+
+async def publish_tokens(redis: Redis, events: list[tuple[str, TokenEvent]]) -> None:
+    """(stream key, event) pairs, e.g. all of one engine step's events, in one round trip."""
+    await publish_entries(redis, [(key, event_list(evs)) for key, evs in by_stream(events).items()])

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import signal
+import time
 
-from coordinator.flights import Flight
+from coordinator.flights import GAP_WAIT_S, Flight
 from coordinator.protocol.messages import Holder, SamplingParams, TokenEvent
 from coordinator.supervisor import RestartPolicy, Supervisor, exit_cause
 
@@ -67,13 +68,31 @@ def test_a_flight_takes_only_its_current_attempt_and_moves_its_holder():
     assert got == [[7], [9]] and f.output_token_ids == [7, 9] and f.done
 
 
-def test_a_gap_marks_the_flight_for_a_rerun_and_a_repeat_is_dropped():
+def test_a_gap_marks_the_flight_for_a_rerun_only_once_it_waited_and_a_repeat_is_dropped():
     f = _flight()
     f.accept(_ev(tokens=[5, 6], index=0))
     f.accept(_ev(tokens=[6], index=1))  # a retried write landed twice
     assert f.output_token_ids == [5, 6] and not f.broken
     f.accept(_ev(tokens=[9], index=4))  # tokens 2 and 3 never arrived
-    assert f.broken and f.output_token_ids == [5, 6]
+    assert f.output_token_ids == [5, 6] and f.gap_since is not None
+    assert not f.gap_overdue(f.gap_since + GAP_WAIT_S / 2) and not f.broken
+    assert f.gap_overdue(f.gap_since + GAP_WAIT_S + 0.01) and f.broken
+    f.accept(_ev(tokens=[7, 8], index=2))  # too late: the re-run continues from what the client has
+    assert f.output_token_ids == [5, 6]
+    f.restart()
+    assert not f.broken and not f.ahead and f.gap_since is None
+
+
+def test_events_that_overtook_others_wait_for_them_and_go_out_in_order():
+    f = _flight()
+    f.accept(_ev(tokens=[1], index=0))
+    f.accept(_ev(tokens=[4], index=3, finish="length"))  # the last frame, over the direct link
+    f.accept(_ev(tokens=[3], index=2))
+    assert f.output_token_ids == [1] and not f.done
+    f.accept(_ev(tokens=[2, 3], index=1))  # the stream's copy, overlapping what waits
+    got = [f.events.get_nowait().token_ids for _ in range(f.events.qsize())]
+    assert got == [[1], [2, 3], [4]] and f.output_token_ids == [1, 2, 3, 4] and f.done
+    assert not f.ahead and f.gap_since is None and not f.gap_overdue(time.monotonic() + 60)
 
 
 async def test_fail_ends_the_stream_with_an_explicit_error():

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 import llm_node.worker as worker_mod
 from coordinator.protocol.messages import PrefillJob, SamplingParams
 from coordinator.protocol.process import cancel_and_wait
+from coordinator.protocol.streams import parse_event_list
 from llm_node.config import LLMWorkerConfig
 from llm_node.engine import EngineConfig, ReferenceEngine
 from llm_node.worker import LLMWorker
@@ -34,7 +35,7 @@ async def worker(tiny, redis_url, key_prefix, tmp_path):
 
 async def test_request_admitted_while_last_tokens_publish_is_not_stranded(worker, tokenizer, monkeypatch):
     published: list[str] = []
-    real_publish = worker_mod.publish_tokens
+    real_publish = worker.replies.publish
     ids = tokenizer("what is this")["input_ids"]
 
     async def submit(rid: str) -> None:
@@ -43,15 +44,16 @@ async def test_request_admitted_while_last_tokens_publish_is_not_stranded(worker
         worker.jobs_by_id[rid] = job
         await worker.admit("0-0", job)
 
-    async def slow_publish(redis, events):
+    async def slow_publish(entries):
+        events = [ev for _, _, body in entries for ev in parse_event_list(body)]
         if events:
-            if events[0][1].request_id == "A":  # B arrives while A's last tokens are on their way to Redis
+            if events[0].request_id == "A":  # B arrives while A's last tokens are on their way to Redis
                 await submit("B")
             await asyncio.sleep(0.3)  # a Redis round trip on a loaded machine
-            published.extend(ev.request_id for _, ev in events)
-        await real_publish(redis, events)
+            published.extend(ev.request_id for ev in events)
+        await real_publish(entries)
 
-    monkeypatch.setattr(worker_mod, "publish_tokens", slow_publish)
+    monkeypatch.setattr(worker.replies, "publish", slow_publish)
     stop = asyncio.Event()
     loop = asyncio.create_task(worker_mod.forever("engine", worker.engine_once, stop))
     try:
