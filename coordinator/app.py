@@ -32,8 +32,10 @@ from coordinator.policies.registry import make_batch_policy
 from coordinator.protocol import envs
 from coordinator.protocol.aborts import listen_channel
 from coordinator.protocol.keys import Keys
+from coordinator.protocol.links import Links
 from coordinator.protocol.process import cancel_and_wait
 from coordinator.protocol.registry import WorkerRegistry
+from coordinator.protocol.streams import append_jobs
 from coordinator.redis_client import dedicated_client, open_redis
 from coordinator.replies import read_replies
 from coordinator.reply_listener import open_listener
@@ -65,7 +67,10 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
         await client.ping()
         keys = Keys(config.key_prefix)
         metrics = Metrics()
-        dispatcher = EncodeDispatcher(client, keys, config.policy.batch, make_batch_policy, metrics)
+        reply_key = keys.replies(uuid.uuid4().hex[:12])
+        secret = envs.cluster_secret()
+        job_links = Links(lambda entries: append_jobs(client, entries), reply_key, secret) if config.direct_links else None
+        dispatcher = EncodeDispatcher(client, keys, config.policy.batch, make_batch_policy, metrics, links=job_links)
         monitor = app.state.monitor = WorkloadMonitor(client, config.key_prefix)  # OServe: GET /v1/admin/workload
         app.state.tierserve = AppState(
             config=config, redis=client, keys=keys,
@@ -78,14 +83,14 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
                 max_audio_seconds=config.max_audio_seconds, max_audios_per_request=config.max_audios_per_request),
                 max_prompt_chars=config.max_prompt_chars),
             metrics=metrics, started_at=time.time(), policy=config.policy,
-            reply_key=keys.replies(uuid.uuid4().hex[:12]), flights=MonitoredFlightBook(monitor),
+            reply_key=reply_key, flights=MonitoredFlightBook(monitor),
         )
         state = app.state.tierserve
         await client.set(keys.policy, config.policy.model_dump_json())
         failover = Failover(state)
         await failover.start()
-        count_frame = lambda path: metrics.reply_frames.labels(path).inc()  # noqa: E731
-        listener = await open_listener(config, state.flights, state.reply_key, envs.cluster_secret(), count_frame)
+        count_frame = lambda path: metrics.link_writes.labels("reply", path).inc()  # noqa: E731
+        listener = await open_listener(config, state.flights, state.reply_key, secret, count_frame)
         state.reply_addr = listener.address if listener is not None else ""
         reader = dedicated_client(client)  # its blocking XREAD never waits on, or holds, a pooled connection
         tasks = [asyncio.create_task(listen_channel(client, keys.encoder_idle, dispatcher.encoder_idle, "encoder-idle")),
@@ -109,6 +114,9 @@ def create_app(config: CoordinatorConfig, redis: Redis | None = None) -> FastAPI
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(listener.close(), SHUTDOWN_WAIT_S)
             dispatcher.close()
+            if job_links is not None:  # what a link did not ack goes onto the streams
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(job_links.close(), SHUTDOWN_WAIT_S)
             # Every step is bounded: a Redis that stopped answering must not hold a shutdown forever.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(failover.close(), SHUTDOWN_WAIT_S)

@@ -9,28 +9,13 @@ so encoding them back gives exactly the bytes the client sent, ASCII or not.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from pathlib import Path
 
 from fastapi import Depends, HTTPException, Request
 
 from coordinator.protocol import envs
+from coordinator.protocol.addresses import is_loopback
 from coordinator.state import State
-
-LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
-
-
-def is_loopback(host: str) -> bool:
-    """True for a name or address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    host = host.strip().lower()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind_refusal(host: str, admin_token: str | None) -> str | None:

@@ -47,10 +47,11 @@ class CoordinatorConfig(BaseModel):
     """Send an image request's encode job before its prompt is built, and build it while the encoder runs
     (coordinator/prompt_ahead.py). Off by default: on a 2-core host that runs every process it took ~1.1 ms off
     the way to the encoder and added as much after it (the coordinator's work then meets the LLM worker's)."""
-    direct_replies: bool = True
-    """Take LLM workers' token events over direct TCP links (coordinator/reply_listener.py) as well as the reply
-    stream in Redis: one process hop less on every token's way out. Off a loopback address it needs the cluster
-    secret (TIERSERVE_CLUSTER_SECRET); without one the coordinator says so and uses the stream alone."""
+    direct_links: bool = True
+    """Talk to workers over direct TCP links beside Redis (coordinator/protocol/link_wire.py): LLM workers write
+    their token events to this coordinator's reply listener, and it writes micro-batches to each encode worker's job
+    link; one process hop less on each request's way in and every token's way out. Off a loopback address a link
+    needs the cluster secret (TIERSERVE_CLUSTER_SECRET); without one the streams carry everything."""
     reply_host: str | None = None
     """The address workers reach the reply link at; None: `host` (this host's name when `host` is a wildcard)."""
     reply_port: int = Field(0, ge=0, le=65535)

@@ -1,8 +1,9 @@
-"""Per-(encode worker, modality) micro-batch queues, released onto the workers' job streams by policies.
+"""Per-(encode worker, modality) micro-batch queues, released to the workers by policies: over a worker's job link
+when one is up (coordinator/protocol/links.py), else onto its job stream.
 
 The policy (coordinator/policies) decides when; this module only keeps the FIFOs, asks at every
-arrival, at the policy's deadline and when the worker says its stream ran empty (`encoder_idle`, for
-work-conserving policies), and writes each released micro-batch as ONE stream entry, so
+arrival, at the policy's deadline and when the worker says it ran out of work (`encoder_idle`, for
+work-conserving policies), and writes each released micro-batch as ONE stream entry or link frame, so
 the encode worker runs exactly the batch the policy formed. A micro-batch holds one modality (one
 encoder path, one forward), so each worker has one queue and one policy instance per modality: the
 policy sees that modality's arrival rate, which is what its batch timing is about.
@@ -21,6 +22,7 @@ from redis.asyncio import Redis
 from coordinator.metrics import Metrics
 from coordinator.policies.base import Arrival, BatchPolicy, BatchPolicyConfig
 from coordinator.protocol.keys import Keys
+from coordinator.protocol.links import Links
 from coordinator.protocol.messages import EncodeBatch, EncodeJob, Modality
 from coordinator.protocol.streams import FIELD
 
@@ -34,7 +36,7 @@ QueueKey = tuple[str, Modality]
 class EncodeDispatcher:
     def __init__(self, redis: Redis, keys: Keys, config: BatchPolicyConfig,
                  make_policy: Callable[[BatchPolicyConfig], BatchPolicy], metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, links: Links | None = None):
         self.redis = redis
         self.keys = keys
         self.config = config
@@ -45,8 +47,14 @@ class EncodeDispatcher:
         self.policies: dict[QueueKey, BatchPolicy] = {}
         self.timers: dict[QueueKey, asyncio.TimerHandle] = {}
         self._polls: set[asyncio.Task] = set()
+        self.links = links
+        """The coordinator's job links; None: every batch goes onto the stream."""
+        self.addresses: dict[str, str] = {}
+        """Each encode worker's job link address, as its registry record gave it when a job was submitted."""
 
-    async def submit(self, worker_id: str, job: EncodeJob) -> None:
+    async def submit(self, worker_id: str, job: EncodeJob, address: str = "") -> None:
+        """Queue `job` for the worker; `address`: its job link (WorkerInfo.job_address), "" for none."""
+        self.addresses[worker_id] = address
         key = (worker_id, job.modality)
         if key not in self.policies:
             self.policies[key] = self.make_policy(self.config)
@@ -93,9 +101,16 @@ class EncodeDispatcher:
                 raise
 
     async def _release(self, key: QueueKey, batch: list[EncodeJob]) -> None:
-        await self.redis.xadd(self.keys.jobs(key[0]), {FIELD: EncodeBatch(jobs=batch).model_dump_json()})
+        body = EncodeBatch(jobs=batch).model_dump_json()
+        direct = 0
+        if self.links is not None:
+            direct = await self.links.publish([(self.keys.jobs(key[0]), self.addresses.get(key[0]) or None,
+                                                body.encode())])
+        else:
+            await self.redis.xadd(self.keys.jobs(key[0]), {FIELD: body})
         if self.metrics is not None:
             self.metrics.encode_batch.observe(len(batch))
+            self.metrics.link_writes.labels("job", "direct" if direct else "stream").inc()
 
     def _observe(self, key: QueueKey, policy: BatchPolicy) -> None:
         """Queue length per worker (all modalities); rate and g of the modality's policy, labelled
@@ -135,6 +150,7 @@ class EncodeDispatcher:
     def forget(self, worker_id: str) -> None:
         """Drop a dead worker's queues, policies and timers; its requests are re-run by the failover (their
         holder is that worker), not released here."""
+        self.addresses.pop(worker_id, None)
         for key in [k for k in self.policies.keys() | self.queues.keys() if k[0] == worker_id]:
             self.policies.pop(key, None)
             self.queues.pop(key, None)

@@ -58,7 +58,7 @@ class Flight:
     """Its events skipped some tokens (lost with Redis): it needs a re-run from what the client has."""
     ahead: dict[int, TokenEvent] = field(default_factory=dict, repr=False)
     """Events that came before the ones they follow, by index: a worker's events may take two ways (its direct
-    reply link and the reply stream, reply_wire.py), so one may overtake another by a few milliseconds."""
+    reply link and the reply stream, link_wire.py), so one may overtake another by a few milliseconds."""
     gap_since: float | None = None
     """time.monotonic() since when `ahead` has waited for a missing event; past GAP_WAIT_S the flight is broken."""
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)

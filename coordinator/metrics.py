@@ -28,9 +28,9 @@ class Metrics:
                                "since start", ["what"], registry=r)
         self.flights = Gauge("tierserve_flights", "Requests this coordinator relays now (what a failure re-runs)",
                              registry=r)
-        self.reply_frames = Counter("tierserve_reply_frames", "LLM workers' token-event writes (one engine step's "
-                                    "events for this coordinator) by the way they came: direct link or Redis stream",
-                                    ["path"], registry=r)
+        self.link_writes = Counter("tierserve_link_writes", "Writes between the coordinator and its workers by kind "
+                                   "(reply: an LLM worker's step of token events; job: an encode micro-batch) and "
+                                   "the way they went (direct link, or Redis stream)", ["kind", "path"], registry=r)
         self.tokens = Counter("tierserve_generated_tokens", "Completion tokens produced", registry=r)
         self.encode_batch = Histogram("tierserve_encode_batch_size", "Requests per released encode micro-batch",
                                       buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)

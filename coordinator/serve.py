@@ -44,9 +44,10 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
                    help="send an image request's encode job first and build its prompt while the encoder runs "
                         "(data-URL images; for a coordinator on cores of its own: on one 2-core host it moved "
                         "~1 ms from before the encoder to after it; default: %(default)s)")
-    p.add_argument("--direct-replies", action=argparse.BooleanOptionalAction, default=True,
-                   help="take LLM workers' tokens over direct TCP links as well as through Redis (one hop less per "
-                        "token; off loopback it needs TIERSERVE_CLUSTER_SECRET; default: %(default)s)")
+    p.add_argument("--direct-links", action=argparse.BooleanOptionalAction, default=True,
+                   help="talk to workers over direct TCP links as well as through Redis: micro-batches to encode "
+                        "workers, tokens back from LLM workers (one hop less each way; off loopback it needs "
+                        "TIERSERVE_CLUSTER_SECRET; default: %(default)s)")
     p.add_argument("--reply-host", default=None,
                    help="address workers reach the reply link at (default: --host, or this host's name for 0.0.0.0)")
     p.add_argument("--reply-port", type=int, default=0, help="the reply link's TCP port (default: any free one)")
@@ -101,7 +102,7 @@ def config_from_args(a: argparse.Namespace, redis_url: str) -> CoordinatorConfig
         max_image_pixels=a.max_image_pixels, max_video_frames=a.max_video_frames, max_video_bytes=a.max_video_bytes,
         max_videos_per_request=a.max_videos_per_request, max_audio_bytes=a.max_audio_bytes,
         max_audio_seconds=a.max_audio_seconds, max_audios_per_request=a.max_audios_per_request,
-        max_prompt_chars=a.max_prompt_chars, prompt_ahead=a.prompt_ahead, direct_replies=a.direct_replies,
+        max_prompt_chars=a.max_prompt_chars, prompt_ahead=a.prompt_ahead, direct_links=a.direct_links,
         reply_host=a.reply_host, reply_port=a.reply_port,
         allowed_local_dirs=tuple(a.allowed_local_media_dir), request_timeout_s=a.request_timeout,
         admin_token=admin_token, migration_limit=a.migration_limit, max_in_flight=a.max_in_flight, policy=PolicyConfig(batch=BatchPolicyConfig(

@@ -35,7 +35,7 @@ class AppState:
     """This coordinator process's reply stream (Keys.replies of its instance): every job names it."""
     reply_addr: str = ""
     """host:port of this coordinator's direct reply link listener (reply_listener.py), every job names it too;
-    empty when it has none (config.direct_replies off, or no cluster secret off loopback)."""
+    empty when it has none (config.direct_links off, or no cluster secret off loopback)."""
     flights: FlightBook = field(default_factory=FlightBook)
     """The requests in flight here (what the failover re-runs)."""
     counter: int = 0

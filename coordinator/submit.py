@@ -88,7 +88,8 @@ async def dispatch(state: AppState, flight: Flight) -> None:
                                status=503, code="no_encode_worker")
         flight.hold(target.info.holder)
         await state.dispatcher.submit(target.info.worker_id, EncodeJob(media=flight.encode_media(),
-                                                                        prompt_key=flight.prompt_key, **fields))
+                                                                        prompt_key=flight.prompt_key, **fields),
+                                      target.info.job_address)
         return
     target = least_loaded(text_targets(await state.routing.alive(PREFILLING), state.policy), state.counter)
     if target is None:

@@ -1,6 +1,8 @@
-"""The encode worker process: jobs in from Redis, embeddings out over the transport.
+"""The encode worker process: jobs in (over its job link, or from its job stream in Redis), embeddings out over the
+transport.
 
-Per loop: take one micro-batch (the coordinator's dispatch policy released it onto this stream),
+Per loop: take one micro-batch (the coordinator's dispatch policy released it onto this worker's job link or
+stream: job_inbox.py),
 fetch the media, claim the GPU (gpu_share.py: at most one stolen step to wait for, then the SM split),
 run the encoder once for the whole batch in a thread (so heartbeats keep flowing; the prompts of jobs the
 coordinator sent before building them are popped meanwhile, prompts.py), then for each request send its
@@ -27,6 +29,7 @@ import torch
 from redis.asyncio import Redis
 
 from coordinator.policies.base import PolicyConfig
+from coordinator.protocol.addresses import may_listen_unauthenticated
 from coordinator.protocol.colocation import ColocationChannel, channel_path
 from coordinator.protocol.compute_thread import ComputeThread
 from coordinator.protocol.delivery import DeliveryError, deliver, transfer_id
@@ -47,6 +50,7 @@ from coordinator.protocol.streams import JobStream, event_for, hand_over, publis
 from encode_node.config import EncodeWorkerConfig
 from encode_node.encoded import Encoder
 from encode_node.gpu_share import EncoderGpuShare
+from encode_node.job_inbox import JobInbox
 from encode_node.prompts import PromptPop, fill, placeholder_tokens
 from encode_node.routing import RequestRouter, Targets
 from native.nvml import GpuTelemetry
@@ -75,6 +79,10 @@ class EncodeWorker:
         """Where embeddings can go: scanned between batches, so no scan runs beside a forward (on its core,
         under its GIL: in a live probe it delayed the forward's start by ~0.3 ms and slowed it by ~0.25)."""
         self.jobs = JobStream(redis, self.keys, cfg.worker_id)
+        self.inbox = JobInbox(redis, self.jobs,
+                              cfg.cluster_secret.get_secret_value() if cfg.cluster_secret is not None else None)
+        self.current: str | None = None
+        """The stream entry of the batch being encoded (None: it came over the job link, or none is)."""
         self.sender = make_sender(cfg.transport, **cfg.sender_options())
         self.in_flight = 0
         self.queued_batches = 0
@@ -103,13 +111,21 @@ class EncodeWorker:
                         extra={"entries": dropped})
         with contextlib.suppress(Exception):  # the knobs before the first batch; follow_policy retries
             await self.read_policy()
+        host = self.cfg.transport_host or "127.0.0.1"
+        if self.inbox.secret is not None or may_listen_unauthenticated(host, host):
+            self.info = self.info.model_copy(update={"job_address": await self.inbox.listen(host)})
+        else:
+            log.warning("no job link: listening off loopback needs the cluster secret (TIERSERVE_CLUSTER_SECRET); "
+                        "micro-batches come through Redis alone", extra={"host": host})
         async with Presence(self.registry, self.info, lambda: self.in_flight, stats=self.stats) as presence:
             halt = asyncio.Event()
             drain = asyncio.create_task(self.drain_on(stop, halt, presence))
             await supervise([forever("encode", self.encode_once, halt), self.follow_policy(halt),
+                             forever("stream", self.inbox.read_stream_once, halt),
                              self.view.keep_fresh(VIEW_REFRESH_S)], halt)
             drain.cancel()
             await presence.leave()  # from here the coordinator re-runs what this worker still holds
+        await self.inbox.close()
         await self.jobs.delete()
         await self.sender.close()
         self.channel.encoder_exit(False)
@@ -130,7 +146,7 @@ class EncodeWorker:
             deadline, quiet_since = now + self.cfg.drain_timeout_s, None
             while now < deadline:
                 try:
-                    busy = self.in_flight > 0 or await self.redis.xlen(self.jobs.key) > 0
+                    busy = self.in_flight > 0 or await self.inbox.waiting() > 0
                 except Exception as e:  # Redis hiccup: keep draining until it answers or the time is up
                     log.warning("drain cannot read the job stream", extra={"error": str(e)})
                     busy = True
@@ -147,9 +163,9 @@ class EncodeWorker:
         halt.set()
 
     async def encode_once(self) -> None:
-        """One stream entry is one micro-batch, as the coordinator's dispatch policy formed it."""
-        for entry_id, job in await self.jobs.read(1, block_ms=500):
-            jobs = _jobs_of(job)
+        """One micro-batch (a stream entry or a link frame), as the coordinator's dispatch policy formed it."""
+        if (got := await self.inbox.next(0.5)) is not None:
+            self.current, jobs = got
             self.in_flight = len(jobs)
             batches = _one_modality_batches(jobs, self.cfg.max_batch_size)  # the cap guards memory, not policy
             i = 0
@@ -162,15 +178,16 @@ class EncodeWorker:
                 raise
             finally:
                 self.in_flight = 0
-                self.queued_batches = await self.jobs.ack_and_count(entry_id)
+                entry_id, self.current = self.current, None
+                self.queued_batches = await self.inbox.done(entry_id)
                 if self.queued_batches == 0:
                     await self.announce_idle()
 
     async def announce_if_idle(self) -> None:
-        """`announce_idle` if nothing is left on this worker's stream (a lost message only leaves the
-        work-conserving policies' timing rule in charge). The count is also the queue metric's."""
+        """`announce_idle` if nothing is queued for this worker (a lost message only leaves the work-conserving
+        policies' timing rule in charge). The count is also the queue metric's."""
         try:
-            self.queued_batches = await self.redis.xlen(self.jobs.key)
+            self.queued_batches = await self.inbox.waiting()
         except Exception as e:
             log.warning("could not announce an idle encoder", extra={"error": str(e)})
             return
@@ -260,7 +277,7 @@ class EncodeWorker:
         """Micro-batches queued behind the one being encoded (entries are deleted when acked); 0 when
         Redis cannot say (the GPU is handed back either way; the loop's next read will surface it)."""
         try:
-            return max(0, await self.redis.xlen(self.jobs.key) - 1)
+            return max(0, await self.inbox.waiting() - (self.current is not None))
         except Exception as e:
             log.warning("could not count queued micro-batches", extra={"error": str(e)})
             return 0
@@ -364,12 +381,6 @@ def _one_modality_batches(jobs: list[EncodeJob], cap: int) -> list[list[EncodeJo
     for j in jobs:
         by_modality.setdefault(j.modality, []).append(j)
     return [group[i : i + cap] for group in by_modality.values() for i in range(0, len(group), cap)]
-
-
-def _jobs_of(entry) -> list[EncodeJob]:
-    if isinstance(entry, EncodeBatch):
-        return list(entry.jobs)
-    return [entry] if isinstance(entry, EncodeJob) else []
 
 
 def _shares_gpu(scan: asyncio.Future, encoder_id: str) -> bool:

@@ -1,5 +1,5 @@
 """The LLM worker process: prefill/decode jobs in, tokens out (over each coordinator's direct reply link, or
-through Redis: reply_links.py), KV out over the transport.
+through Redis: coordinator/protocol/links.py), KV out over the transport.
 
 Three supervised loops share the engine: intake turns job messages plus the tensors they name into
 engine requests; the engine loop runs `engine.step()` in a thread (the event loop stays free for
@@ -28,17 +28,18 @@ from coordinator.protocol.aborts import RecentAborts, listen_aborts, parse_abort
 from coordinator.protocol.compute_thread import ComputeThread
 from coordinator.protocol.delivery import transfer_id
 from coordinator.protocol.keys import Keys
+from coordinator.protocol.links import Links
 from coordinator.protocol.logprobs import PackedLogprobs
 from coordinator.protocol.messages import AbortJob, DecodeJob, PrefillJob, TokenEvent, WorkerInfo, new_instance
 from coordinator.protocol.presence import Presence
 from coordinator.protocol.process import forever, supervise
 from coordinator.protocol.registry import WorkerRegistry
-from coordinator.protocol.streams import JobStream, by_stream, event_for, event_list, reply_address, reply_key
+from coordinator.protocol.streams import (
+    JobStream, by_stream, event_for, event_list, publish_entries, reply_address, reply_key)
 from llm_node.config import LLMWorkerConfig
 from llm_node.engine_api import Engine, EngineRequest, StepOutput
 from llm_node.gpu_share import LLMGpuShare
 from llm_node.handoff import HandoffError, KVHandoff
-from llm_node.reply_links import ReplyLinks
 from native.nvml import GpuTelemetry
 from transport.base import EmbeddingReceiver, EmbeddingSender
 
@@ -59,9 +60,9 @@ class LLMWorker:
         self.registry = WorkerRegistry(redis, self.keys, cfg.heartbeat_ttl_s)
         self.jobs = JobStream(redis, self.keys, cfg.worker_id)
         self.handoff = KVHandoff(redis, self.keys, self.registry, sender)
-        self.replies = ReplyLinks(redis, cfg.worker_id,
-                                  cfg.cluster_secret.get_secret_value() if cfg.cluster_secret is not None else None)
-        """Where token events go: each coordinator's direct reply link while it is up, else its reply stream."""
+        self.replies = Links(lambda entries: publish_entries(redis, entries), cfg.worker_id,
+                             cfg.cluster_secret.get_secret_value() if cfg.cluster_secret is not None else None)
+        """Where token events go: each coordinator's reply link while it is up, else its reply stream (links.py)."""
         self.telemetry = GpuTelemetry(cfg.device)
         """NVML readings of this worker's GPU for its heartbeats (native/nvml.py); none on a CPU."""
         self.jobs_by_id: dict[str, PrefillJob | DecodeJob] = {}

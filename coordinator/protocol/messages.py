@@ -74,7 +74,7 @@ class _Job(BaseModel):
     """The stream the request's TokenEvents go to (the coordinator's reply stream); None: the request's
     own stream `Keys.tokens(request_id)` (tests and tools that push jobs themselves)."""
     reply_addr: str | None = Field(None, max_length=300)
-    """host:port of the coordinator's direct reply link (reply_wire.py), which the LLM worker writes this job's
+    """host:port of the coordinator's reply link (link_wire.py), which the LLM worker writes this job's
     events to while it is up, the reply stream standing in when it is not; None: the stream alone."""
     output_token_ids: list[int] = []
     """Tokens already produced and streamed to the client; on a re-run (attempt > 0) the LLM continues
@@ -276,6 +276,9 @@ class WorkerInfo(BaseModel):
     model: str
     transport_address: str = ""
     """Where this worker's transport receiver listens ("" for encode workers)."""
+    job_address: str = ""
+    """host:port of an encode worker's job link (encode_node/job_inbox.py), where the coordinator writes the
+    micro-batches it would append to the worker's job stream; "" when it has none."""
     colocated_with: str | None = None
     """For a prefill worker on an encode GPU: that encode worker's id (its "local" prefill worker)."""
     device: str = "cpu"

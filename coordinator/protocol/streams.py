@@ -34,6 +34,15 @@ async def push_job(redis: Redis, keys: Keys, worker_id: str, job: Job) -> None:
     await redis.xadd(keys.jobs(worker_id), job_fields(job), maxlen=JOB_STREAM_MAXLEN, approximate=True)
 
 
+async def append_jobs(redis: Redis, entries: list[tuple[str, bytes]]) -> None:
+    """(job stream key, a job's or micro-batch's JSON) entries, in order, in one round trip (what a job link
+    could not take, links.py)."""
+    pipe = redis.pipeline(transaction=False)
+    for key, body in entries:
+        pipe.xadd(key, {FIELD: body}, maxlen=JOB_STREAM_MAXLEN, approximate=True)
+    await pipe.execute()
+
+
 def reply_key(keys: Keys, job) -> str:
     """Where `job`'s token events go: its reply stream when it names one of this cluster's, else the
     request's own stream (a reply_to outside the cluster's `replies:` keys is never written to)."""
@@ -150,7 +159,7 @@ def parse_token_events(fields: dict) -> list[TokenEvent]:
 
 
 def parse_event_list(body: bytes) -> list[TokenEvent]:
-    """A reply-stream entry's value (or a direct reply link's frame, reply_wire.py): its events in order."""
+    """A reply-stream entry's value (or a reply link's frame, link_wire.py): its events in order."""
     return _EVENTS.validate_json(body)
 
 

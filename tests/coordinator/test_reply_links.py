@@ -1,5 +1,5 @@
-"""Direct reply links (coordinator/protocol/reply_wire.py): a worker's ReplyLinks against the coordinator's real
-ReplyListener and reply-stream reader on real Redis and real TCP sockets. Every token reaches its flight once and
+"""Reply links (coordinator/protocol/link_wire.py): a worker's Links against the coordinator's real reply
+listener and reply-stream reader on real Redis and real TCP sockets. Every token reaches its flight once and
 in order whichever way it came: the first writes go to the stream while the link opens, then the link carries
 them; a link that breaks or stalls hands what was not acked to the stream; a coordinator refuses a worker without
 the cluster's secret, a link meant for another process, and a peer that breaks the protocol."""
@@ -16,14 +16,19 @@ from coordinator.config import CoordinatorConfig
 from coordinator.flights import Flight, FlightBook
 from coordinator.protocol.messages import SamplingParams, TokenEvent
 from coordinator.protocol.process import cancel_and_wait
-from coordinator.protocol.reply_wire import HEADER, HELLO_MAGIC, NONCE_BYTES, Hello, frame, hello_mac
-from coordinator.protocol.streams import event_list
+from coordinator.protocol.link_listener import LinkListener
+from coordinator.protocol.link_wire import HEADER, HELLO_MAGIC, NONCE_BYTES, Hello, frame, hello_mac
+from coordinator.protocol.links import Links
+from coordinator.protocol.streams import event_list, publish_entries
 from coordinator.replies import read_replies
-from coordinator.reply_listener import ReplyListener, open_listener
-from llm_node.reply_links import ReplyLinks
+from coordinator.reply_listener import open_listener, route_frames
 
 pytestmark = pytest.mark.redis
 SECRET = b"s" * 32
+
+
+def _links(redis: Redis, writer: str, secret: bytes | None, **kw) -> Links:
+    return Links(lambda entries: publish_entries(redis, entries), writer, secret, **kw)
 
 
 def _flight(rid: str = "r1") -> Flight:
@@ -50,7 +55,7 @@ async def _coordinator(redis_url: str, key_prefix: str, secret: bytes | None = S
     redis = Redis.from_url(redis_url)
     book, frames = FlightBook(), []
     key = f"{key_prefix}:replies:c1"
-    listener = ReplyListener(book, key, secret, frames.append)
+    listener = LinkListener(key, secret, route_frames(book, frames.append))
     await listener.start("127.0.0.1")
     reader = asyncio.create_task(read_replies(redis, key, book, on_frame=frames.append))
     try:
@@ -64,7 +69,7 @@ async def _coordinator(redis_url: str, key_prefix: str, secret: bytes | None = S
 async def test_tokens_take_the_link_once_it_is_up_and_arrive_once_in_order(redis_url, key_prefix):
     async with _coordinator(redis_url, key_prefix) as (book, listener, key, frames, redis):
         book.add(f := _flight())
-        links = ReplyLinks(redis, "w0", SECRET)
+        links = _links(redis, "w0", SECRET)
         await links.publish([(key, listener.address, _body("r1", 0, 10))])  # the link opens meanwhile
         await _until(lambda: links.slots[(key, listener.address)].link is not None)
         for i in range(1, 6):
@@ -82,7 +87,7 @@ async def test_a_link_that_stops_acking_hands_its_frames_to_the_stream(redis_url
         book.add(f := _flight())
         silent = await _silent_peer(key)
         address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-        links = ReplyLinks(redis, "w0", None, ack_wait_s=0.3, retry_s=60)
+        links = _links(redis, "w0", None, ack_wait_s=0.3, retry_s=60)
         await links.publish([(key, address, _body("r1", 0, 10))])
         await _until(lambda: links.slots[(key, address)].link is not None)
         await links.publish([(key, address, _body("r1", 1, 11))])
@@ -100,7 +105,7 @@ async def test_a_link_the_coordinator_closes_hands_its_unacked_frames_to_the_str
         book.add(f := _flight())
         silent = await _silent_peer(key, close_after_frames=2)
         address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-        links = ReplyLinks(redis, "w0", None, ack_wait_s=30, retry_s=60)
+        links = _links(redis, "w0", None, ack_wait_s=30, retry_s=60)
         await links.publish([(key, address, _body("r1", 0, 10))])
         await _until(lambda: links.slots[(key, address)].link is not None)
         await links.publish([(key, address, _body("r1", 1, 11))])
@@ -114,13 +119,13 @@ async def test_a_link_the_coordinator_closes_hands_its_unacked_frames_to_the_str
 @pytest.mark.parametrize("worker_secret, hello_key, why", [
     (b"t" * 32, None, "wrong authentication tag"),
     (None, None, "needs the cluster secret"),
-    (SECRET, "other", "serves reply stream"),
+    (SECRET, "other", "stands in for stream"),
 ])
 async def test_the_coordinator_refuses_a_link_it_cannot_trust_and_the_tokens_take_the_stream(
         redis_url, key_prefix, worker_secret, hello_key, why):
     async with _coordinator(redis_url, key_prefix) as (book, listener, key, frames, redis):
         book.add(f := _flight())
-        links = ReplyLinks(redis, "w0", worker_secret)
+        links = _links(redis, "w0", worker_secret)
         stream = f"{key_prefix}:replies:{hello_key}" if hello_key else key
         if hello_key:  # the worker believes the listener stands in for another process's stream
             await links.publish([(stream, listener.address, _body("r1", 0, 10))])
@@ -142,9 +147,9 @@ async def test_a_peer_that_breaks_the_protocol_is_closed_and_routes_nothing(redi
         reader, writer = await asyncio.open_connection(host, int(port))
         nonce = (await reader.readexactly(len(HELLO_MAGIC) + NONCE_BYTES))[len(HELLO_MAGIC):]
         if case == "bad_hello":
-            writer.write(frame(0, b'{"worker_id": 5}'))
+            writer.write(frame(0, b'{"writer": 5}'))
         else:
-            hello = Hello(worker_id="w0", reply_key=key, mac=hello_mac(SECRET, nonce, "w0", key))
+            hello = Hello(writer="w0", stream=key, mac=hello_mac(SECRET, nonce, "w0", key))
             writer.write(frame(0, hello.model_dump_json().encode()))
             size, _ = HEADER.unpack(await reader.readexactly(HEADER.size))
             assert size == 0  # accepted
@@ -163,7 +168,7 @@ async def test_a_peer_that_breaks_the_protocol_is_closed_and_routes_nothing(redi
 async def test_a_listener_off_loopback_needs_the_cluster_secret():
     off = CoordinatorConfig(host="0.0.0.0", reply_host="10.1.2.3")
     assert await open_listener(off, FlightBook(), "k", None) is None
-    assert await open_listener(CoordinatorConfig(direct_replies=False), FlightBook(), "k", SECRET) is None
+    assert await open_listener(CoordinatorConfig(direct_links=False), FlightBook(), "k", SECRET) is None
     listener = await open_listener(off, FlightBook(), "k", SECRET)
     try:
         assert listener.address.startswith("10.1.2.3:")
@@ -183,7 +188,7 @@ async def _silent_peer(key: str, close_after_frames: int | None = None) -> async
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(HELLO_MAGIC + b"n" * NONCE_BYTES)
         size, _ = HEADER.unpack(await reader.readexactly(HEADER.size))
-        assert Hello.model_validate_json(await reader.readexactly(size)).reply_key == key
+        assert Hello.model_validate_json(await reader.readexactly(size)).stream == key
         writer.write(frame(0, b""))
         got = 0
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):

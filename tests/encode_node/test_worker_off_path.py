@@ -98,8 +98,8 @@ def test_the_queue_is_counted_before_the_embeddings_leave_only_for_a_shared_gpu(
         r = aioredis.Redis.from_url(redis_url)
         w = _worker(redis_url, key_prefix, r)
         try:
-            for _ in range(3):  # the batch being encoded and two queued behind it
-                await r.xadd(w.jobs.key, {"job": "{}"})
+            ids = [await r.xadd(w.jobs.key, {"job": "{}"}) for _ in range(3)]  # the batch being encoded, two behind it
+            w.current = ids[0].decode()  # it came off the stream (not the job link)
             async with Monitor(redis_url) as mon:
                 alone = _finished([_worker_status("llm-0", None)])
                 pending_alone = await w.release_gpu(alone)

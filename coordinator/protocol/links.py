@@ -1,12 +1,12 @@
-"""Where an LLM worker's token events go: straight to their coordinator over a direct reply link when it has one
-up (coordinator/protocol/reply_wire.py), else to the coordinator's reply stream in Redis, as before.
+"""The writing end of direct links (link_wire.py): each entry goes over its stream's link when one is up, else is
+appended to the stream, as before.
 
-A link is opened in the background the first time a coordinator's events are written (those go to the stream
-meanwhile), so opening one never delays a token. Frames the coordinator has not acked are kept; when the link
-breaks (the coordinator closed it or went away), or stalls (no ack within `ack_wait_s`, or more than
-`max_unacked_bytes` waiting), they are written to the reply stream, in order and before anything that comes after
-them, and the worker tries a new link `retry_s` later. A coordinator that refuses the link (another cluster
-secret, another process on that port) is asked again only after `refused_retry_s`.
+A link is opened in the background the first time a stream's entries are written with an address (those are
+appended meanwhile), so opening one never delays an entry. Frames the reader has not acked are kept; when the link
+breaks (the reader closed it or went away) or stalls (no ack within `ack_wait_s`, or more than `max_unacked_bytes`
+waiting), they are appended to the stream, in order and before anything that comes after them, and a new link is
+tried `retry_s` later. A reader that refuses the link (another cluster secret, another process on that port) is
+asked again only after `refused_retry_s`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
-from coordinator.protocol.reply_wire import (
-    ACK, HEADER, HELLO_MAGIC, MAX_HELLO_BYTES, NONCE_BYTES, Hello, frame, hello_mac, split_address)
-from coordinator.protocol.streams import publish_entries
+from coordinator.protocol.addresses import split_address
+from coordinator.protocol.link_wire import ACK, HEADER, HELLO_MAGIC, MAX_HELLO_BYTES, NONCE_BYTES, Hello, frame, hello_mac
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 2.0
@@ -35,7 +33,7 @@ MAX_SLOTS = 256
 class _Link:
     """One open link: frames out, acks in; `down` hands what was not acked to `on_down` exactly once."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, links: "ReplyLinks",
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, links: "Links",
                  key: str, address: str):
         self.reader, self.writer, self.links = reader, writer, links
         self.key, self.address = key, address
@@ -79,7 +77,7 @@ class _Link:
                 while self.unacked and self.unacked[0][0] <= acked:
                     self.unacked_bytes -= len(self.unacked.popleft()[1])
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-            self.down(f"the coordinator closed it ({type(e).__name__})")
+            self.down(f"the reader closed it ({type(e).__name__})")
 
     def down(self, reason: str) -> None:
         if not self.up:
@@ -96,30 +94,34 @@ class _Link:
 
 @dataclass
 class _Slot:
-    """What a worker knows of one coordinator's link: the link, or when to try again."""
+    """What the writer knows of one stream's link: the link, or when to try again."""
 
     link: _Link | None = None
     connecting: asyncio.Task | None = None
     retry_at: float = 0.0
     refusal: str = ""
-    """Why the coordinator refused the last hello, if it did."""
+    """Why the reader refused the last hello, if it did."""
 
 
-class ReplyLinks:
-    def __init__(self, redis: Redis, worker_id: str, secret: bytes | None, *, ack_wait_s: float = ACK_WAIT_S,
+Append = Callable[[list[tuple[str, bytes]]], Awaitable[None]]
+"""Appends (stream key, body) entries to their streams in Redis, in order, in one round trip."""
+
+
+class Links:
+    def __init__(self, append: Append, writer: str, secret: bytes | None, *, ack_wait_s: float = ACK_WAIT_S,
                  retry_s: float = RETRY_S, refused_retry_s: float = REFUSED_RETRY_S,
                  max_unacked_bytes: int = MAX_UNACKED_BYTES):
-        self.redis, self.worker_id, self.secret = redis, worker_id, secret
+        self.append, self.writer, self.secret = append, writer, secret
         self.ack_wait_s, self.retry_s, self.refused_retry_s = ack_wait_s, retry_s, refused_retry_s
         self.max_unacked_bytes = max_unacked_bytes
         self.slots: dict[tuple[str, str], _Slot] = {}
         self._resends: list[asyncio.Task] = []
         self.counts = {"direct": 0, "stream": 0, "resent": 0}
-        """Frames written each way since start, and frames written to the stream after a link went down."""
+        """Frames written each way since start, and frames appended to the stream after a link went down."""
 
-    async def publish(self, entries: list[tuple[str, str | None, bytes]]) -> None:
-        """(reply stream key, its coordinator's link address or None, event_list body) in order: each body goes
-        over its coordinator's link when one is up, the rest to the streams in one round trip."""
+    async def publish(self, entries: list[tuple[str, str | None, bytes]]) -> int:
+        """(stream key, its link's address or None, body) in order: each body goes over its stream's link when one
+        is up, the rest to the streams in one round trip. Returns how many went over a link."""
         rest: list[tuple[str, bytes]] = []
         for key, address, body in entries:
             link = self._link(key, address) if address else None
@@ -129,13 +131,14 @@ class ReplyLinks:
                 rest.append((key, body))
         if rest:
             await self._settle()  # frames of a link that went down come before these
-            await publish_entries(self.redis, rest)
+            await self.append(rest)
             self.counts["stream"] += len(rest)
+        return len(entries) - len(rest)
 
     def _link(self, key: str, address: str) -> _Link | None:
         slot = self.slots.get((key, address))
         if slot is None:
-            if len(self.slots) >= MAX_SLOTS:  # coordinators come and go (each process has its own stream)
+            if len(self.slots) >= MAX_SLOTS:  # readers come and go (each process has its own stream)
                 for k in [k for k, s in self.slots.items() if s.link is None and s.connecting is None]:
                     del self.slots[k]
             slot = self.slots[(key, address)] = _Slot()
@@ -153,26 +156,26 @@ class ReplyLinks:
                 reader, writer = await asyncio.open_connection(host, port)
                 greeting = await reader.readexactly(len(HELLO_MAGIC) + NONCE_BYTES)
                 if not greeting.startswith(HELLO_MAGIC):
-                    raise ConnectionError(f"{address} does not speak the reply link protocol {HELLO_MAGIC!r}")
+                    raise ConnectionError(f"{address} does not speak the link protocol {HELLO_MAGIC!r}")
                 nonce = greeting[len(HELLO_MAGIC):]
-                mac = hello_mac(self.secret, nonce, self.worker_id, key) if self.secret else ""
-                writer.write(frame(0, Hello(worker_id=self.worker_id, reply_key=key, mac=mac).model_dump_json().encode()))
+                mac = hello_mac(self.secret, nonce, self.writer, key) if self.secret else ""
+                writer.write(frame(0, Hello(writer=self.writer, stream=key, mac=mac).model_dump_json().encode()))
                 size, _ = HEADER.unpack(await reader.readexactly(HEADER.size))
                 if size > MAX_HELLO_BYTES:
                     raise ConnectionError(f"{address} answered the hello with {size} bytes")
                 refusal = (await reader.readexactly(size)).decode(errors="replace")
             if refusal:
                 slot.refusal = refusal
-                log.warning("coordinator refused the reply link; its events go through Redis",
-                            extra={"address": address, "reason": refusal})
+                log.warning("link refused; its entries go through Redis",
+                            extra={"address": address, "stream": key, "reason": refusal})
                 slot.retry_at = time.monotonic() + self.refused_retry_s
                 writer.close()
                 return
             slot.link = _Link(reader, writer, self, key, address)
-            log.info("reply link up", extra={"address": address, "reply_key": key})
+            log.info("link up", extra={"address": address, "stream": key})
         except (OSError, ConnectionError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
-            log.warning("no reply link to the coordinator; its events go through Redis",
-                        extra={"address": address, "error": f"{type(e).__name__}: {e}"})
+            log.warning("no link; its entries go through Redis",
+                        extra={"address": address, "stream": key, "error": f"{type(e).__name__}: {e}"})
             slot.retry_at = time.monotonic() + self.retry_s
             if writer is not None:
                 writer.close()
@@ -185,11 +188,11 @@ class ReplyLinks:
         if slot is not None and slot.link is link:
             slot.link = None
             slot.retry_at = time.monotonic() + self.retry_s
-        log.warning("reply link down; its unacked events go through Redis",
-                    extra={"address": link.address, "reason": reason, "frames": len(bodies)})
+        log.warning("link down; its unacked entries go through Redis",
+                    extra={"address": link.address, "stream": link.key, "reason": reason, "frames": len(bodies)})
         if bodies:
             self.counts["resent"] += len(bodies)
-            self._resends.append(asyncio.create_task(publish_entries(self.redis, [(link.key, b) for b in bodies])))
+            self._resends.append(asyncio.create_task(self.append([(link.key, b) for b in bodies])))
 
     async def _settle(self) -> None:
         while self._resends:
@@ -197,10 +200,10 @@ class ReplyLinks:
             try:
                 await task
             except Exception as e:  # Redis failing past its retries: as a lost stream write would be
-                log.error("could not write a downed link's events to Redis", extra={"error": str(e)})
+                log.error("could not append a downed link's entries to Redis", extra={"error": str(e)})
 
     async def close(self) -> None:
-        """Every link down (what is not acked goes to the streams), and those writes done."""
+        """Every link down (what is not acked goes to the streams), and those appends done."""
         for slot in self.slots.values():
             if slot.connecting is not None:
                 slot.connecting.cancel()
