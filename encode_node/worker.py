@@ -35,7 +35,6 @@ from coordinator.protocol.compute_thread import ComputeThread
 from coordinator.protocol.delivery import DeliveryError, deliver, transfer_id
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.messages import (
-    EncodeBatch,
     EncodedMedia,
     EncodeJob,
     PrefillJob,

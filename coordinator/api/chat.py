@@ -21,7 +21,7 @@ from coordinator.errors import RequestError
 from coordinator.flights import Flight, RelayTimeout
 from coordinator.prompt import sampling_from_request
 from coordinator.protocol.logprobs import TokenLogprobs
-from coordinator.protocol.messages import Modality, TokenEvent
+from coordinator.protocol.messages import TokenEvent
 from coordinator.protocol.process import cancel_and_wait
 from coordinator.state import AppState, State
 from coordinator.prompt_ahead import dispatch_ahead, media_ahead

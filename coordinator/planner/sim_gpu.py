@@ -170,7 +170,7 @@ class SharedGPU(_LaneSet):
         super()._start(lane, work_s, done, arg)
 
     def _speeds(self) -> list[float]:
-        enc, pre = self.encoder.busy, self.prefill.busy
+        enc = self.encoder.busy
         if self.partition.config.mode == "none":
             return _shares(self.lanes)
         split = self._split if enc and self._split is not None else self._idle_split

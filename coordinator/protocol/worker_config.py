@@ -34,9 +34,10 @@ class WorkerConfig(BaseModel):
     transport: str = "local"
     """Tensor transport backend (transport/registry.py)."""
     transport_host: str | None = None
-    """tcp transport: the address its receiver binds and publishes (default 127.0.0.1, one host only); set
-    it to this host's cluster-internal address for multi-host clusters. ucx and nixl publish every
-    interface they find and ignore it."""
+    """This host's address as the cluster reaches it (default 127.0.0.1, one host only): where the tcp transport's
+    receiver and an encode worker's job link (encode_node/job_inbox.py) bind and what they publish; set it to this
+    host's cluster-internal address for multi-host clusters. ucx and nixl publish every interface they find and
+    ignore it."""
     cluster_secret: SecretBytes | None = None
     """Authenticates every tensor transfer between the cluster's workers (transport/auth.py); read from
     TIERSERVE_CLUSTER_SECRET or TIERSERVE_CLUSTER_SECRET_FILE (envs.py), never a flag (`ps` shows flags).
@@ -98,7 +99,8 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--transport", default="local", help="tensor transport backend: local, tcp, ucx or nixl")
     p.add_argument("--transport-host", default=None,
-                   help="tcp transport: address to bind and publish (default 127.0.0.1; a cluster-internal one across hosts)")
+                   help="address to bind and publish for the tcp transport and an encode worker's job link "
+                        "(default 127.0.0.1; this host's cluster-internal one across hosts)")
     p.add_argument("--transport-max-unclaimed-mib", type=int, default=1024,
                    help="MiB of arrived, unclaimed tensors this worker's receiver holds before it refuses transfers")
     p.add_argument("--transport-max-request-mib", type=int, default=512,

@@ -19,17 +19,18 @@ from cluster_factory import serve_cluster
 from media_factory import data_url, image_bytes, wav_bytes
 from mm_refs import MMRef, pcm, qwen2_audio_ref, qwen2_vl_ref
 from protocol_runs import check_refs
+from test_direct_links_live import link_writes
 
 from coordinator.protocol.models import QWEN2_AUDIO_DIR, QWEN2_VL_DIR
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
-def _serve(redis_url, tmp_path_factory, model_dir, name):
+def _serve(redis_url, tmp_path_factory, model_dir, name, *extra):
     yield from serve_cluster(tmp_path_factory.mktemp(f"logs-{name}"), encode_workers=1,
                              llm_roles=["combined", "prefill", "decode"], model_dir=model_dir, redis_url=redis_url,
                              coordinator_args=["--batch-policy", "queue_length", "--queue-length", "3",
-                                               "--max-audio-seconds", "4"])
+                                               "--max-audio-seconds", "4", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,9 @@ def vl_cluster(redis_url, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def audio_cluster(redis_url, tmp_path_factory):
-    yield from _serve(redis_url, tmp_path_factory, QWEN2_AUDIO_DIR, "audio")
+    """Its coordinator talks to the workers through Redis alone (no direct links): the streams' path stays
+    checked end to end, exactness included (test_direct_links_live.py checks the links' on the others)."""
+    yield from _serve(redis_url, tmp_path_factory, QWEN2_AUDIO_DIR, "audio", "--no-direct-links")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,9 @@ def test_openai_client_image_video_and_audio(vl_cluster, audio_cluster):
     clip = base64.b64encode(wav_bytes(pcm(9, 1.5, 44100), 44100, channels=2)).decode()
     audio = _ask(audio_cluster, {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}})
     assert image.usage.prompt_tokens > 40 and video.usage.prompt_tokens > 40 and audio.usage.prompt_tokens > 40
+    writes = link_writes(audio_cluster.url)
+    assert writes[("job", "stream")] >= 1 and writes[("reply", "stream")] >= 1
+    assert writes.get(("job", "direct"), 0) == 0 and writes.get(("reply", "direct"), 0) == 0
 
 
 def _post_error(cluster, *parts) -> dict:
