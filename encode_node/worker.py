@@ -323,7 +323,7 @@ class EncodeWorker:
 
     async def forward(self, job: EncodeJob, emb: torch.Tensor, media: list[EncodedMedia], encode_s: float,
                       target: WorkerStatus | None, others: list[WorkerStatus]) -> None:
-        if target is None:
+        if target is None and (target := await self.choose_again(job)) is None:
             await self.fail([job], NO_LLM_WORKER)
             return
         t0 = time.perf_counter()
@@ -342,6 +342,15 @@ class EncodeWorker:
             reply_to=job.reply_to, reply_addr=job.reply_addr, output_token_ids=job.output_token_ids,
         )
         await hand_over(self.redis, self.keys, target.info.holder, prefill, reply_key(self.keys, job))
+
+    async def choose_again(self, job: EncodeJob) -> WorkerStatus | None:
+        """No worker in the batch's view fits the job (none at all, or not the one it is pinned to): the view may be
+        a refresh old, and a worker registered since. Choose on a fresh scan; None if none fits there either."""
+        try:
+            fresh = Targets.sort(await self.view.rescan(PREFILLING), self.cfg.worker_id)
+        except Exception:  # Redis away: no worker to name
+            return None
+        return self.router.choose(job, fresh, time.monotonic())
 
     async def redeliver(self, job: EncodeJob, emb: torch.Tensor, tried: set[str], error: DeliveryError
                         ) -> tuple[WorkerStatus, list] | None:

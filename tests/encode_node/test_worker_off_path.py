@@ -215,3 +215,33 @@ def test_a_batch_reads_no_registry_while_the_view_is_kept_fresh(redis_url, key_p
     assert batches == [["llm-0"]] * 5
     assert index_reads <= 3  # keep_fresh's own scans over ~0.2 s; five batches made none of their own
     assert seen == ["llm-0", "llm-1"] and rescanned
+
+
+def test_a_job_for_a_worker_newer_than_the_view_is_routed_after_a_scan_not_failed(redis_url, key_prefix):
+    """A job pinned to a worker that registered after the view's last scan (a cluster that just came up: CI saw
+    one fail with "no LLM worker is alive" 61 ms after that worker registered) is chosen again on a fresh scan."""
+    import time
+
+    from coordinator.protocol.messages import EncodeJob, MediaRef, SamplingParams
+    from coordinator.protocol.registry import WorkerRegistry
+    from encode_node.routing import Targets
+
+    async def go():
+        r = aioredis.Redis.from_url(redis_url)
+        w = _worker(redis_url, key_prefix, r)
+        registry = WorkerRegistry(r, Keys(key_prefix), 10.0)
+        await registry.register(_worker_status("llm-0", None).info)
+        try:
+            view = Targets.sort(await w.view.rescan(frozenset({"combined", "prefill"})), ME)
+            await registry.register(_worker_status("llm-1", None, role="prefill").info)
+            job = EncodeJob(request_id="r", prompt_token_ids=[1], sampling=SamplingParams(), arrival=time.time(),
+                            media=[MediaRef(key="m")], prefill_worker="llm-1")
+            in_view = w.router.choose(job, view, time.monotonic())
+            again = await w.choose_again(job)
+            return in_view, again.info.worker_id if again else None
+        finally:
+            w.channel.close()
+            await w.sender.close()
+            await r.aclose()
+
+    assert asyncio.run(go()) == (None, "llm-1")
