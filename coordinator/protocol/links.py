@@ -31,7 +31,7 @@ MAX_SLOTS = 256
 
 
 class _Link:
-    """One open link: frames out, acks in; `down` hands what was not acked to `on_down` exactly once."""
+    """One open link: frames out, acks in; `down` hands what was not acked to `Links.went_down` exactly once."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, links: "Links",
                  key: str, address: str):
