@@ -29,9 +29,11 @@ def two_encoders(redis_url, tmp_path):
     """encode-0 as `tierserve up` starts it, and encode-9 started with a drain timeout (as a plan switch does).
     Pass-through dispatch, so each request of a burst is a micro-batch of its own and several wait on the
     retired encoder's stream (the default work-conserving policy releases one batch at a time to an idle
-    encoder, so a burst never queues there)."""
+    encoder, so a burst never queues there). Without direct links, so those batches wait where the test can see
+    them (on a job link they wait in the worker's memory; its drain counts them the same way, JobInbox.waiting,
+    tests/encode_node/test_job_inbox.py)."""
     served = serve_cluster(tmp_path / "logs", encode_workers=1, llm_roles=["combined"], redis_url=redis_url,
-                           coordinator_args=["--batch-policy", "pass_through"])
+                           coordinator_args=["--batch-policy", "pass_through", "--no-direct-links"])
     cluster = next(served)
     keys, client = Keys(cluster.spec.key_prefix), redis.Redis.from_url(redis_url)
     try:
