@@ -103,6 +103,13 @@ of record were judged without it, and it does not yet make them right. `sim_fide
 of 2026-12-03 (sigma 0.25, 50 ms), it brings the simulated spreads there toward live (distance 0.114 -> 0.070); under
 tight SLOs, mean of five seeds, epd's goodput error goes +22/+46/+106 % -> +3/+25/+60 % and colocated_prefill's
 +7/+31/+23 % -> +6/+44/+29 %: the rest is in the means (benchmarks/results/sim_fidelity_noise_trial/)."""
+CORE_SHARING = 0.82
+"""Simulator(core_sharing=...): the share of a core that two or more busy processes time-slicing it get in all.
+Measured apart from the fidelity runs, not fitted to them: `python -m benchmarks.core_sharing --pairs encode+prefill
+prefill+decode decode+stack --rounds 2 --seconds 5` (benchmarks/results/core_sharing.json, 2026-12-06): 0.815,
+0.843 and 0.848 for the three pairs, 0.786-0.900 over the six rounds, median 0.821. On the 2026-12-06 records
+(sim_fidelity_layouts.at-eb12f4f.md) it moves colocated_prefill, whose core 1 two LLM workers share, toward live
+(TPOT -18 % -> -7 % at the top rate) and epd, whose workers share core 0 less, hardly."""
 COORDINATOR_SHARE = 0.558
 """The coordinator's share of the CPU of the processes not pinned to a core (coordinator, Redis, the client):
 the adaptive layout's six runs sampled CPU time per process (cpu_by_core_method "cpu_time"), 0.548-0.566 at
@@ -189,7 +196,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
                     load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
                     stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP, wake_affine=WAKE_AFFINE,
                     stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
-                    offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE)
+                    offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE,
+                    core_sharing=CORE_SHARING)
     return sim.run(requests)
 
 

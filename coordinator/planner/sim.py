@@ -27,8 +27,9 @@ Modelling choices (and limits):
 - LLM engines are limited by max_num_seqs and the token budget; KV-cache memory is not modelled.
 - E+P sharing: see sim_gpu.py. Work stealing only on E nodes.
 - `shared_cores`: nodes whose workers time-slice one processor (a local CPU cluster with more workers
-  than cores): k of them computing at once each run at 1/k (sim_gpu.SharedCore). Such nodes step
-  one job at a time through the core, without coasting.
+  than cores): k of them computing at once each run at 1/k (sim_gpu.SharedCore), or at core_sharing/k
+  where switching between them is not free. Such nodes step one job at a time through the core, without
+  coasting.
 - `load_report_s`: LLM workers report their load with each heartbeat (every 0.5 s live: the registry's
   interval), so the encode worker routes and steals on loads up to that old; > 0 makes every
   P / P+D / D node's load, as routing and WorkStealing see it, a snapshot taken that often. 0: exact.
@@ -108,9 +109,11 @@ class Cluster:
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
-                 stack_loop_share: float = 0.0, stack_preempts: bool = False) -> None:
+                 stack_loop_share: float = 0.0, stack_preempts: bool = False, core_sharing: float = 1.0) -> None:
         self.deployment = deployment
         self.stack_preempts = stack_preempts
+        self.core_sharing = core_sharing
+        """What k >= 2 busy lanes of a time-sliced processor get of it in all (Simulator.core_sharing)."""
         self.coast = coast
         """Let LLM nodes coast through plain decode steps (sim_llm.py); same results, far fewer events."""
         self.load_report_s = load_report_s
@@ -136,7 +139,7 @@ class Cluster:
                 gpu = None
                 if node.role == "E+P":
                     gpu = gpus[name] = SharedGPU(self.events, SMPartition(node.tpcs or default_tpcs,
-                                                                          deployment.partition), usage)
+                                                                          deployment.partition), usage, core_sharing)
                 router = OffloadRouter(deployment.offload.s)
                 router.continue_after(offload_routed_before)
                 self.encoders.append(EncodeNode(
@@ -186,7 +189,7 @@ class Cluster:
             again = sorted(set(group) & set(lanes))
             if again:
                 raise ValueError(f"nodes {again} are on more than one shared core")
-            core = SharedCore(self.events, f"core {i}")
+            core = SharedCore(self.events, f"core {i}", self.core_sharing)
             lanes.update({n: core.lane(n) for n in group})
         unknown = sorted(set(stack_cores) - set(names))
         if unknown:
@@ -195,7 +198,7 @@ class Cluster:
             raise ValueError(f"stack_cores shares must be >= 0 with a positive sum, got {dict(stack_cores)}")
         for name in stack_cores:
             if name not in lanes and roles[name] != "E+P":
-                lanes[name] = SharedCore(self.events, f"core of {name}").lane(name)
+                lanes[name] = SharedCore(self.events, f"core of {name}", self.core_sharing).lane(name)
         return lanes
 
     def load_of(self, node: EncodeNode | LLMNode) -> int:
@@ -261,7 +264,8 @@ class Simulator:
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
-                 stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None) -> None:
+                 stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
+                 core_sharing: float = 1.0) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -326,6 +330,12 @@ class Simulator:
         whose running job also moves, once everything due at an instant has run, to a core with fewer other
         busy lanes than its own: the OS pulls a runnable floating process onto a freer core (load balancing),
         so it is not time-sliced with a worker that merely started its next step while another core idles."""
+        if not 0.0 < core_sharing <= 1.0:
+            raise ValueError(f"core_sharing must be in (0, 1], got core_sharing={core_sharing!r}")
+        self.core_sharing = core_sharing
+        """The share of a time-sliced processor (a shared core, an unpartitioned E+P processor) that k >= 2
+        busy lanes get in all, each core_sharing/k: switching between processes costs the one coming back
+        its caches (sim_gpu.py; benchmarks/core_sharing.py measures it). 1.0: perfect processor sharing."""
         self.host_noise = host_noise
         """The host's speed varying over time (sim_noise.py): encode, prefill and decode steps take a factor of
         their profiled time that changes every `period_s`; None: always the profiled time."""
@@ -349,7 +359,7 @@ class Simulator:
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
                           self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
                           self.stack_placement, self.relay_per_step, self.offload_routed_before, self.wake_affine,
-                          self.stack_loop_share, self.stack_preempts)
+                          self.stack_loop_share, self.stack_preempts, self.core_sharing)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
         if speed is not None:

@@ -22,6 +22,11 @@ SharedCore: one CPU core running the workers of several nodes (a local CPU clust
 than cores, each pinned: `Simulator(shared_cores=...)`). The OS scheduler time-slices the busy ones
 fairly, so k busy lanes each run at 1/k: processor sharing again, at the scheduler's granularity
 (milliseconds), which is finer than most jobs here.
+
+Time-slicing is not free: every switch costs the process coming back its caches, so k >= 2 busy lanes
+get `sharing` of the processor in all (each sharing/k; 1.0: perfect processor sharing). It applies to
+processors that time-slice (SharedCore, an unpartitioned SharedGPU), not to SM partitions, which run
+side by side. benchmarks/core_sharing.py measures it for two of the cluster's processes on one core.
 """
 
 from __future__ import annotations
@@ -59,9 +64,13 @@ class _Lane:
 class _LaneSet:
     """Lanes on one processor; subclasses say how it is divided (`_speeds`) and what a finish records."""
 
-    def __init__(self, events: EventQueue, name: str) -> None:
+    def __init__(self, events: EventQueue, name: str, sharing: float = 1.0) -> None:
+        if not 0.0 < sharing <= 1.0:
+            raise ValueError(f"{name}: sharing must be in (0, 1], got {sharing!r}")
         self.events = events
         self.name = name
+        self.sharing = sharing
+        """The share of the processor k >= 2 busy time-slicing lanes get in all (module docstring)."""
         self.lanes: list[_Lane] = []
         self.watchers: list[Callable[[], None]] = []
         """Called whenever a lane here starts or stops (sim_stack: floating jobs look for a freer core)."""
@@ -129,8 +138,8 @@ class _LaneSet:
 class SharedGPU(_LaneSet):
     """Encoder lane + local-prefill lane on one GPU; see the module docstring for the shares."""
 
-    def __init__(self, events: EventQueue, partition: SMPartition, usage: NodeUsage) -> None:
-        super().__init__(events, usage.name)
+    def __init__(self, events: EventQueue, partition: SMPartition, usage: NodeUsage, sharing: float = 1.0) -> None:
+        super().__init__(events, usage.name, sharing)
         self.partition = partition
         self.usage = usage
         self.encoder = _Lane("encode")
@@ -172,7 +181,7 @@ class SharedGPU(_LaneSet):
     def _speeds(self) -> list[float]:
         enc = self.encoder.busy
         if self.partition.config.mode == "none":
-            return _shares(self.lanes)
+            return _shares(self.lanes, self.sharing)
         split = self._split if enc and self._split is not None else self._idle_split
         total = self.partition.total_tpcs
         return [split.encoder_tpcs / total, split.prefill_tpcs / total]
@@ -221,14 +230,15 @@ class SharedCore(_LaneSet):
         return CoreLane(self, lane)
 
     def _speeds(self) -> list[float]:
-        return _shares(self.lanes)
+        return _shares(self.lanes, self.sharing)
 
 
-def _shares(lanes: list[_Lane]) -> list[float]:
+def _shares(lanes: list[_Lane], sharing: float) -> list[float]:
     """Processor sharing among the busy lanes that run first (_Lane.first) if any is busy, else among all
-    busy lanes: k of them each run at 1/k; the rest wait (0)."""
+    busy lanes: k of them each run at 1/k, or at sharing/k when k >= 2 time-slice; the rest wait (0)."""
     first = sum(lane.busy and lane.first for lane in lanes)
     if first:
-        return [1.0 / first if lane.first else 0.0 for lane in lanes]
+        each = 1.0 if first == 1 else sharing / first
+        return [each if lane.first else 0.0 for lane in lanes]
     busy = sum(lane.busy for lane in lanes)
-    return [1.0 / busy if busy else 1.0] * len(lanes)
+    return [sharing / busy if busy > 1 else 1.0] * len(lanes)

@@ -150,3 +150,60 @@ def test_load_reports_stop_with_the_run():
     assert result.events < 400  # the heartbeat does not keep an empty run alive
     with pytest.raises(ValueError, match="load_report_s"):
         Simulator(Deployment.parse(EPD), Table(), kv_bytes_per_token=1, embedding_bytes_per_token=1, load_report_s=-1)
+
+
+def test_time_slicing_loses_what_core_sharing_says_only_while_two_lanes_are_busy():
+    """sharing 0.8: two busy lanes each run at 0.4, a lane alone at 1 (its caches are its own again)."""
+    events, done = EventQueue(), {}
+    core = SharedCore(events, "core 0", sharing=0.8)
+    a, b = core.lane("a"), core.lane("b")
+    a.run(0.4, lambda name: done.__setitem__(name, events.now), "a")
+    b.run(1.0, lambda name: done.__setitem__(name, events.now), "b")
+    events.run()
+    # both at 0.4 until a's 0.4 s of work is through at 1.0 s (b: 0.4 done), then b alone: 0.6 s more
+    assert done == pytest.approx({"a": 1.0, "b": 1.6})
+    for bad in (0.0, -0.1, 1.01):
+        with pytest.raises(ValueError, match="sharing must be in"):
+            SharedCore(EventQueue(), "core 1", sharing=bad)
+
+
+def test_a_lane_that_runs_first_alone_keeps_the_whole_core_whatever_the_sharing():
+    events, done = EventQueue(), {}
+    core = SharedCore(events, "core 0", sharing=0.5)
+    first, other = core.lane("stack", first=True), core.lane("worker")
+    other.run(1.0, lambda _: done.__setitem__("worker", events.now), None)
+    first.run(0.2, lambda _: done.__setitem__("stack", events.now), None)
+    events.run()
+    assert done == pytest.approx({"stack": 0.2, "worker": 1.2})
+
+
+def test_core_sharing_slows_only_overlapping_work_and_is_checked():
+    table = Table(encode=0.010, transfer=0.001, prefill=0.020, decode=0.005)
+
+    def run(reqs, sharing):
+        sim = Simulator(Deployment.parse(EPD), table, kv_bytes_per_token=1000, embedding_bytes_per_token=100,
+                        shared_cores=[{"0-E-cpu", "1-P-cpu"}], core_sharing=sharing)
+        return {r.request.request_id: r for r in sim.run(reqs).records}
+
+    overlap = [request(0, 0.0), request(1, 0.015)]
+    full, lossy = run(overlap, 1.0), run(overlap, 0.5)
+    # sharing 0.5: from 0.015 both run at 0.25; the encode's 0.010 s takes until 0.055 (prefill: 0.004 + 0.010
+    # done by then), the prefill's last 0.006 s alone
+    assert full[1].encode_end == pytest.approx(0.035) and lossy[1].encode_end == pytest.approx(0.055)
+    assert lossy[0].first_token == pytest.approx(0.061)
+    apart = [request(i, 0.5 * i, out=4) for i in range(5)]
+    assert [t for r in run(apart, 0.5).values() for t in (r.first_token, r.finish)] == pytest.approx(
+        [t for r in run(apart, 1.0).values() for t in (r.first_token, r.finish)])
+    with pytest.raises(ValueError, match="core_sharing must be in"):
+        Simulator(Deployment.parse(EPD), table, kv_bytes_per_token=1, embedding_bytes_per_token=1, core_sharing=0.0)
+
+
+def test_an_unpartitioned_e_plus_p_processor_loses_the_same_share():
+    events = EventQueue()
+    usage = NodeUsage("0-E+P-cpu", "cpu", "E+P")
+    gpu = SharedGPU(events, SMPartition(64, SMPartitionConfig(mode="none")), usage, sharing=0.8)
+    done = {}
+    gpu.start_encode(0.4, 1, 16, 0, lambda _: done.__setitem__("encode", events.now), None)
+    gpu.start_prefill(0.4, lambda _: done.__setitem__("prefill", events.now), None)
+    events.run()
+    assert done == pytest.approx({"encode": 1.0, "prefill": 1.0})
