@@ -31,6 +31,7 @@ from rich.table import Table
 from benchmarks.stats import percentile
 from coordinator.demo import data_url, demo_image
 from coordinator.launcher import ClusterSpec, LocalCluster
+from coordinator.planner.durations import duration_arg
 from coordinator.policies.base import BatchPolicyConfig
 from coordinator.redis_server import free_port
 
@@ -129,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 6.0, 12.0], help="arrival rates, req/s")
     p.add_argument("--requests", type=int, default=60, help="requests per (rate, policy) cell")
     p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds (default: %(default)s)")
-    p.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO in seconds (default: %(default)s)")
+    p.add_argument("--slo-ttft", type=duration_arg("--slo-ttft"), default="1s", metavar="TIME",
+                   help="TTFT SLO with its unit, e.g. 1s or 800ms (default: %(default)s)")
+    p.add_argument("--slo-tpot", type=duration_arg("--slo-tpot"), default="100ms", metavar="TIME",
+                   help="TPOT SLO with its unit (default: %(default)s)")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     p.add_argument("--planned-wait-share", type=float, default=0.1,
                    help="adaptive_planned: the age cap A as a share of the TTFT SLO (default: %(default)s)")

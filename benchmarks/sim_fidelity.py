@@ -57,6 +57,7 @@ from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.planner.arch import get_arch
 from coordinator.planner.catalog import load_catalog
 from coordinator.planner.deployment import Deployment, EngineLimits
+from coordinator.planner.durations import UNIT_HELP, DurationError, duration_arg, parse_duration_s
 from coordinator.planner.goodput import SLO, Summary
 from coordinator.planner.perf import PerfModel
 from coordinator.planner.profile import Profile, pool_profiles
@@ -193,10 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 5.0, 8.0], help="arrival rates, req/s")
     p.add_argument("--requests", type=int, default=150, help="requests per rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
-    p.add_argument("--slo-ttft", type=float, default=0.2, help="TTFT SLO, seconds (default: %(default)s)")
-    p.add_argument("--slo-tpot", type=float, default=0.015, help="TPOT SLO, seconds (default: %(default)s)")
-    p.add_argument("--tight-slo-ttft", type=float, default=0.075, help="tight TTFT SLO (default: %(default)s)")
-    p.add_argument("--tight-slo-tpot", type=float, default=0.0075, help="tight TPOT SLO (default: %(default)s)")
+    p.add_argument("--slo-ttft", type=duration_arg("--slo-ttft"), default="200ms", metavar="TIME",
+                   help=f"TTFT SLO, {UNIT_HELP} (default: %(default)s)")
+    p.add_argument("--slo-tpot", type=duration_arg("--slo-tpot"), default="15ms", metavar="TIME",
+                   help="TPOT SLO, with its unit (default: %(default)s)")
+    p.add_argument("--tight-slo-ttft", type=duration_arg("--tight-slo-ttft"), default="75ms", metavar="TIME",
+                   help="tight TTFT SLO, with its unit (default: %(default)s)")
+    p.add_argument("--tight-slo-tpot", type=duration_arg("--tight-slo-tpot"), default="7.5ms", metavar="TIME",
+                   help="tight TPOT SLO, with its unit (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="profiling repeats per point (default: %(default)s)")
     p.add_argument("--no-pin-cores", action="store_true", help="let the workers float over all cores")
     p.add_argument("--no-bracket", dest="bracket", action="store_false",
@@ -209,7 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="run these layouts instead (sim_fidelity_layouts.LAYOUTS: combined, epd, colocated_prefill, "
                         "stealing, adaptive), each at its own rates unless --rates is given")
     p.add_argument("--slo", nargs="+", default=[], metavar="LAYOUT=TTFT,TPOT",
-                   help="with --layouts or --resimulate of a layouts result: judge LAYOUT under this SLO (seconds) instead")
+                   help="with --layouts or --resimulate of a layouts result: judge LAYOUT under this SLO instead, "
+                        "both times with their units (e.g. epd=40ms,8.5ms)")
+    p.add_argument("--core-sharing", type=float, default=None, metavar="SHARE",
+                   help="with --layouts or --resimulate of a layouts result: the share of a core two or more busy "
+                        "processes time-slicing it get in all (Simulator(core_sharing=...); default: "
+                        "sim_fidelity_layouts.CORE_SHARING, measured by benchmarks/core_sharing.py; 1: no loss)")
     p.add_argument("--host-noise-sigma", type=float, default=None, metavar="SIGMA",
                    help="with --layouts or --resimulate of a layouts result: simulate the host's speed varying, a "
                         "lognormal factor of median 1 and this log-sd on every encode, prefill and decode step "
@@ -228,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     rates_given = any(x == "--rates" or x.startswith("--rates=") for x in (sys.argv[1:] if argv is None else argv))
     if a.layouts is not None or (a.resimulate is not None and "layouts" in json.loads(a.resimulate.read_text())):
         return layouts_main(a, p, command, console, rates_given)
-    if a.host_noise_sigma is not None or a.host_noise_period_ms is not None:
-        p.error("--host-noise-sigma / --host-noise-period-ms apply to --layouts runs (or a re-simulation of one)")
+    if a.host_noise_sigma is not None or a.host_noise_period_ms is not None or a.core_sharing is not None:
+        p.error("--host-noise-sigma / --host-noise-period-ms / --core-sharing apply to --layouts runs (or a "
+                "re-simulation of one)")
     if a.resimulate is not None:
         return resimulate(a.resimulate, a.out, not a.no_padding, command, console)
     if a.requests < 2 or a.repeats < 1 or any(r <= 0 for r in a.rates):
@@ -277,11 +288,18 @@ def layouts_main(a: argparse.Namespace, p: argparse.ArgumentParser, command: str
     slos = {}
     for item in a.slo:
         name, _, pair = item.partition("=")
+        times = pair.split(",")
+        if not name or len(times) != 2:
+            p.error(f"--slo {item!r}: expected LAYOUT=TTFT,TPOT with units, e.g. epd=40ms,8.5ms")
         try:
-            ttft, tpot = (float(x) for x in pair.split(","))
-            slos[name] = SLO(ttft_s=ttft, tpot_s=tpot)
-        except ValueError:
-            p.error(f"--slo {item!r}: expected LAYOUT=TTFT_SECONDS,TPOT_SECONDS")
+            slos[name] = SLO(ttft_s=parse_duration_s(times[0], f"--slo {name} TTFT", bare=None),
+                             tpot_s=parse_duration_s(times[1], f"--slo {name} TPOT", bare=None))
+        except DurationError as e:
+            p.error(f"{e} (--slo LAYOUT=TTFT,TPOT, e.g. epd=40ms,8.5ms)")
+    if a.core_sharing is not None:
+        if not 0.0 < a.core_sharing <= 1.0:
+            p.error(f"--core-sharing must be in (0, 1], got {a.core_sharing}")
+        lay.CORE_SHARING = a.core_sharing
     if (a.host_noise_sigma is None) != (a.host_noise_period_ms is None):
         p.error("--host-noise-sigma and --host-noise-period-ms go together (e.g. 0.25 and 50)")
     if a.host_noise_sigma is not None:

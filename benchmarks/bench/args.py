@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.bench.presets import PRESETS
-from coordinator.planner.durations import DurationError, parse_duration_s
+from coordinator.planner.durations import duration_arg
 
 EPILOG = """examples:
   # one server, Poisson at 2 req/s, 200 image requests, SLO TTFT <= 500 ms and TPOT <= 50 ms
@@ -41,19 +41,6 @@ outputs (in --out): bench.json (command, git revision, seed, workload, summaries
 record), table.txt, goodput_vs_rate.png, latency_cdf.png, cost_per_goodput.png (when priced).
 exit status: 0 done; 1 no request completed; 2 bad input or an unusable target; 130 interrupted.
 """
-
-
-def _seconds(flag: str):
-    """An argparse type reading a duration that must carry a unit (these flags once read bare seconds)."""
-
-    def parse(text: str) -> float:
-        try:
-            return parse_duration_s(text, flag, bare=None)
-        except DurationError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = "duration"
-    return parse
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
@@ -93,7 +80,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                    help="Gamma shape of the gaps: 1 = Poisson, <1 burstier, >1 more regular; gap CV = 1/sqrt(it) (default: 1)")
     w.add_argument("--max-concurrency", type=int, help="most requests in flight; later arrivals wait for a slot")
     w.add_argument("--num-requests", type=int, help="requests per cell (default: 100, or the dataset's lines)")
-    w.add_argument("--duration", type=_seconds("--duration"), metavar="TIME",
+    w.add_argument("--duration", type=duration_arg("--duration"), metavar="TIME",
                    help="arrivals per cell, with a unit: 90s, 2min (requests arriving later are not sent)")
     w.add_argument("--seed", type=int, default=0,
                    help="seeds arrivals and synthetic requests; each rate gets requests of its own, the same for "
@@ -114,7 +101,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                                                 "rate sends the same requests, so a server with a prefix or encoder "
                                                 "cache answers later rates partly from it; synthetic requests differ "
                                                 "from rate to rate)")
-    w.add_argument("--timeout", type=_seconds("--timeout"), default=300.0, metavar="TIME",
+    w.add_argument("--timeout", type=duration_arg("--timeout"), default=300.0, metavar="TIME",
                    help="time before one request counts as a timeout, with a unit: 300s, 5min (default: 300s)")
 
     s = p.add_argument_group("SLO and cost")

@@ -8,8 +8,10 @@ number instead, so an old `--timeout 300` stops with a message rather than silen
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+from collections.abc import Callable
 
 UNITS_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
 """Seconds per unit, for every unit a duration may carry."""
@@ -64,3 +66,17 @@ def parse_targets(items: list[str] | str, keys: tuple[str, ...], required: tuple
         both = "both " if len(required) == 2 else ""
         raise DurationError(f"{flag} needs {both}{' and '.join(required)} (missing: {', '.join(missing)}); {form}")
     return found
+
+
+def duration_arg(flag: str) -> Callable[[str], float]:
+    """An argparse type: seconds from a time that must carry its unit. For flags that once read bare seconds,
+    so an old `--timeout 300` or `--slo-ttft 0.2` stops with a message instead of meaning milliseconds."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration_s(text, flag, bare=None)
+        except DurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "duration"
+    return parse

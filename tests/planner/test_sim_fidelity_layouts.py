@@ -91,3 +91,29 @@ def test_host_noise_from_the_command_line_widens_the_simulated_spread(tmp_path, 
     with pytest.raises(SystemExit) as e:
         main(["--resimulate", str(saved), "--host-noise-sigma", "0.25"])
     assert e.value.code == 2
+
+
+def test_slos_and_core_sharing_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """--slo takes times with units (bare numbers once meant seconds here and are refused, with the form to use);
+    --core-sharing reaches the simulator and the report's switches, and slows a layout whose workers share a core."""
+    import benchmarks.sim_fidelity_layouts as lay
+    from benchmarks.sim_fidelity import main
+
+    monkeypatch.setattr(lay, "CORE_SHARING", lay.CORE_SHARING)  # the CLI sets the module's switch
+    saved = REPO / "benchmarks/results/sim_fidelity_layouts.at-6e6191d.epd.json"
+    for bad, says in ((["--slo", "epd=0.045,0.0032"], "has no unit"), (["--slo", "epd=45ms"], "expected LAYOUT=TTFT,TPOT"),
+                      (["--core-sharing", "1.5"], "--core-sharing must be in (0, 1]"),
+                      (["--slo-ttft", "0.2"], "has no unit")):
+        with pytest.raises(SystemExit) as e:
+            main(["--resimulate", str(saved), *bad])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    ttft = {}
+    for share in ("1", "0.7"):
+        out = tmp_path / f"{share}.json"
+        assert main(["--resimulate", str(saved), "--slo", "epd=45ms,3.2ms", "--core-sharing", share,
+                     "--out", str(out)]) == 0
+        rep = json.loads(out.read_text())["layouts"][0]
+        assert rep["slo"] == {"ttft_s": 0.045, "tpot_s": 0.0032}
+        assert f"core_sharing {float(share)}" in out.with_suffix(".md").read_text()
+        ttft[share] = max(rep["cells"], key=lambda c: c["rate"])["sim"]["ttft_p50_s"]
+    assert ttft["0.7"] > ttft["1"] * 1.02
