@@ -18,6 +18,7 @@ from coordinator.policies.registry import make_batch_policy
 from coordinator.protocol.keys import Keys
 from coordinator.protocol.links import Links
 from coordinator.protocol.messages import EncodeBatch, EncodeJob, MediaRef, PrefillJob, SamplingParams
+from coordinator.protocol.process import cancel_and_wait
 from coordinator.protocol.streams import JobStream, append_jobs, job_fields
 from encode_node.job_inbox import JobInbox
 
@@ -36,12 +37,20 @@ async def _until(cond, timeout_s: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
-async def _inbox(redis: Redis, keys: Keys, secret: bytes | None = SECRET) -> JobInbox:
-    jobs = JobStream(redis, keys, "enc-0")
+@pytest.fixture
+async def inbox(redis_url, key_prefix):
+    """A listening inbox for worker enc-0 on real Redis; closed, its stream deleted and the client closed after."""
+    redis = Redis.from_url(redis_url)
+    jobs = JobStream(redis, Keys(key_prefix), "enc-0")
     await jobs.open()
-    inbox = JobInbox(redis, jobs, secret)
-    await inbox.listen("127.0.0.1")
-    return inbox
+    box = JobInbox(redis, jobs, SECRET)
+    await box.listen("127.0.0.1")
+    try:
+        yield box
+    finally:
+        await box.close()
+        await jobs.delete()
+        await redis.aclose()
 
 
 async def _take_all(inbox: JobInbox) -> list[tuple[bool, list[str]]]:
@@ -59,11 +68,11 @@ async def _read_stream_forever(inbox: JobInbox) -> None:
         await inbox.read_stream_once()
 
 
-async def test_the_dispatcher_writes_batches_over_the_job_link_once_it_is_up(redis_url, key_prefix):
-    redis, keys = Redis.from_url(redis_url), Keys(key_prefix)
-    inbox = await _inbox(redis, keys)
+async def test_the_dispatcher_writes_batches_over_the_job_link_once_it_is_up(inbox, key_prefix):
+    redis = inbox.redis
     links = Links(lambda e: append_jobs(redis, e), "coordinator-1", SECRET)
-    disp = EncodeDispatcher(redis, keys, BatchPolicyConfig(name="pass_through"), make_batch_policy, links=links)
+    disp = EncodeDispatcher(redis, Keys(key_prefix), BatchPolicyConfig(name="pass_through"), make_batch_policy,
+                            links=links)
     reader = asyncio.create_task(_read_stream_forever(inbox))
     try:
         await disp.submit("enc-0", _job("r0"), inbox.listener.address)  # the link opens meanwhile
@@ -75,37 +84,25 @@ async def test_the_dispatcher_writes_batches_over_the_job_link_once_it_is_up(red
         assert links.counts == {"direct": 3, "stream": 1, "resent": 0}
         assert await inbox.waiting() == 0  # acked and deleted, nothing queued by the link
     finally:
-        reader.cancel()
+        await cancel_and_wait([reader])
         await links.close()
-        await inbox.close()
-        await inbox.jobs.delete()
-        await redis.aclose()
 
 
-async def test_a_job_that_came_both_ways_is_taken_once_and_the_count_covers_both(redis_url, key_prefix):
-    redis, keys = Redis.from_url(redis_url), Keys(key_prefix)
-    inbox = await _inbox(redis, keys)
-    try:
-        inbox._take(EncodeBatch(jobs=[_job("a"), _job("b")]).model_dump_json().encode())  # as the link delivers
-        # The link broke before its ack reached the coordinator: the same batch, and a re-run of b, on the stream.
-        await redis.xadd(inbox.jobs.key, job_fields(EncodeBatch(jobs=[_job("a"), _job("b"), _job("b", attempt=1)])))
-        await inbox.read_stream_once()
-        assert await inbox.waiting() == 2  # one on the link's side, one stream entry
-        assert await _take_all(inbox) == [(False, ["a", "b"]), (True, ["b"])]
-        assert await inbox.waiting() == 0
-    finally:
-        await inbox.close()
-        await inbox.jobs.delete()
-        await redis.aclose()
+async def test_a_job_that_came_both_ways_is_taken_once_and_the_count_covers_both(inbox):
+    inbox._take(EncodeBatch(jobs=[_job("a"), _job("b")]).model_dump_json().encode())  # as the link delivers
+    # The link broke before its ack reached the coordinator: the same batch, and a re-run of b, on the stream.
+    await inbox.redis.xadd(inbox.jobs.key, job_fields(EncodeBatch(jobs=[_job("a"), _job("b"), _job("b", attempt=1)])))
+    await inbox.read_stream_once()
+    assert await inbox.waiting() == 2  # one on the link's side, one stream entry
+    assert await _take_all(inbox) == [(False, ["a", "b"]), (True, ["b"])]
+    assert await inbox.waiting() == 0
 
 
-async def test_the_stream_is_read_one_entry_ahead_of_the_encoder_at_most(redis_url, key_prefix):
-    redis, keys = Redis.from_url(redis_url), Keys(key_prefix)
-    inbox = await _inbox(redis, keys)
+async def test_the_stream_is_read_one_entry_ahead_of_the_encoder_at_most(inbox):
     reader = asyncio.create_task(_read_stream_forever(inbox))
     try:
         for i in range(3):
-            await redis.xadd(inbox.jobs.key, job_fields(EncodeBatch(jobs=[_job(f"s{i}")])))
+            await inbox.redis.xadd(inbox.jobs.key, job_fields(EncodeBatch(jobs=[_job(f"s{i}")])))
         await _until(lambda: len(inbox.queue) == 1)
         await asyncio.sleep(0.2)
         assert len(inbox.queue) == 1  # the rest stay on the stream (its length counts them)
@@ -113,16 +110,11 @@ async def test_the_stream_is_read_one_entry_ahead_of_the_encoder_at_most(redis_u
         got = await _take_all(inbox)
         assert got == [(True, ["s0"]), (True, ["s1"]), (True, ["s2"])]
     finally:
-        reader.cancel()
-        await inbox.close()
-        await inbox.jobs.delete()
-        await redis.aclose()
+        await cancel_and_wait([reader])
 
 
-async def test_a_link_frame_that_is_no_micro_batch_closes_the_link_and_goes_to_the_stream(redis_url, key_prefix):
-    redis, keys = Redis.from_url(redis_url), Keys(key_prefix)
-    inbox = await _inbox(redis, keys)
-    links = Links(lambda e: append_jobs(redis, e), "coordinator-1", SECRET, retry_s=60)
+async def test_a_link_frame_that_is_no_micro_batch_closes_the_link_and_goes_to_the_stream(inbox):
+    links = Links(lambda e: append_jobs(inbox.redis, e), "coordinator-1", SECRET, retry_s=60)
     address = inbox.listener.address
     try:
         await links.publish([(inbox.jobs.key, address, EncodeBatch(jobs=[_job("x")]).model_dump_json().encode())])
@@ -138,6 +130,3 @@ async def test_a_link_frame_that_is_no_micro_batch_closes_the_link_and_goes_to_t
         assert inbox.link_queued == 0 and await inbox.waiting() == 0
     finally:
         await links.close()
-        await inbox.close()
-        await inbox.jobs.delete()
-        await redis.aclose()
