@@ -35,7 +35,7 @@ roofline's ratio of the two (variant_perf.py), so measured profiles keep their c
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -99,6 +99,14 @@ def prefill_cost(arch: ModelArch, tokens: int) -> tuple[float, float]:
     flops = 2 * llm.params * tokens + 2 * llm.layers * tokens * tokens * llm.heads * llm.head_dim
     activations = tokens * llm.hidden * llm.layers * ACTIVATION_PASSES * arch.dtype_bytes
     return flops, arch.llm_weight_bytes() + tokens * arch.kv_bytes_per_token() + activations
+
+
+def prefill_batch_cost(arch: ModelArch, lengths: Sequence[int]) -> tuple[float, float]:
+    """(FLOPs, bytes) of one prefill step over several sequences, each its own causal attention, the
+    weights read once."""
+    costs = [prefill_cost(arch, n) for n in lengths]
+    weights = arch.llm_weight_bytes()
+    return sum(f for f, _ in costs), weights + sum(b - weights for _, b in costs)
 
 
 def decode_cost(arch: ModelArch, batch: int, context_tokens: int) -> tuple[float, float]:
@@ -299,6 +307,26 @@ class PerfModel:
         measured = p.prefill_s(tokens) if p else None
         if measured is None:
             measured = self.roofline_s(tier, *prefill_cost(self.arch, tokens))
+        o = self._overheads(tier)
+        return (measured if o is None else measured + max(0.0, o.prefill_step_s - o.decode_step_s)) * self.slowdown
+
+    def prefill_batch_s(self, tier: str, lengths: Sequence[int]) -> float:
+        """One prefill step over sequences of these prompt lengths (the same for each when the engine pads
+        them to the longest), each with its own causal attention: measured points as Profile.prefill_batch_s
+        reads them, else the roofline of prefill_batch_cost; the step's overheads once."""
+        if len(lengths) <= 1:
+            return self.prefill_s(tier, sum(lengths))
+        for n in lengths:
+            _check_counts(tokens=n)
+        tokens = sum(lengths)
+        if "[" in tier:
+            base = self.prefill_batch_s(split_key(tier)[0], lengths)
+            cost = prefill_batch_cost(self.arch, lengths)
+            return base * self._variant_ratio(tier, cost, tokens * self.arch.kv_bytes_per_token(), tokens)
+        p = self._profile(tier)
+        measured = p.prefill_batch_s(lengths) if p else None
+        if measured is None:
+            measured = self.roofline_s(tier, *prefill_batch_cost(self.arch, lengths))
         o = self._overheads(tier)
         return (measured if o is None else measured + max(0.0, o.prefill_step_s - o.decode_step_s)) * self.slowdown
 

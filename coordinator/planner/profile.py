@@ -10,7 +10,7 @@ once the GPU is busy. No reading is ever negative.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -203,6 +203,28 @@ class Profile(BaseModel):
         if not self.prefill:
             return None
         return interpolate(((p.tokens, p.seconds) for p in self.prefill), tokens)
+
+    def prefill_batch_s(self, lengths: Sequence[int]) -> float | None:
+        """One prefill step over sequences of these prompt lengths, each with its own causal attention: the
+        longest at its measured time, every other at its time less the step's fixed part (prefill_fixed_s),
+        which the step pays once. A batch is not one prompt of all its tokens: the points are single prompts,
+        whose attention grows with the square of their length. The tiny LLaVA in-process (language model
+        forward, one thread): 8 prompts of 315 tokens 75.4 ms, this model 75.3 ms; one prompt of 2520 tokens,
+        the old reading, 167 ms."""
+        if not self.prefill:
+            return None
+        times = sorted(interpolate(((p.tokens, p.seconds) for p in self.prefill), n) for n in lengths)
+        fixed = self.prefill_fixed_s
+        return times[-1] + sum(t - min(fixed, t) for t in times[:-1]) if times else 0.0
+
+    @cached_property
+    def prefill_fixed_s(self) -> float:
+        """The part of a prefill step that does not grow with its prompt: the measured points' line at 0
+        tokens (through the two shortest), within [0, the shortest prompt's time]."""
+        if not self.prefill:
+            return 0.0
+        shortest = min(self.prefill, key=lambda p: p.tokens)
+        return min(shortest.seconds, interpolate(((p.tokens, p.seconds) for p in self.prefill), 0))
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float | None:
         """Linear in context within each measured batch size, then linear across batch sizes, through

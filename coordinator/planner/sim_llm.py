@@ -48,11 +48,24 @@ class Engine:
         """The next step and its prefill and decode seconds at the full GPU."""
         plan = self.model.schedule()
         svc = self.cluster.service
-        prefill = svc.prefill_s(self.tier, plan.prefill_cost_tokens) if plan.prefills else 0.0
+        prefill = self._prefill_s(plan) if plan.prefills else 0.0
         decode = svc.decode_step_s(self.tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
         for f in plan.prefills:
             f.record.prefill_start = now
         return plan, prefill, decode
+
+    def _prefill_s(self, plan: StepPlan) -> float:
+        """The step's prefill: its sequences each with their own attention (ServiceTimes.prefill_batch_s,
+        padded to the longest when the engine pads) where the service times batches, else all its tokens
+        as one prompt (plan.prefill_cost_tokens)."""
+        svc = self.cluster.service
+        batch = getattr(svc, "prefill_batch_s", None)  # optional, like under_load
+        if batch is None or len(plan.prefills) == 1:
+            return svc.prefill_s(self.tier, plan.prefill_cost_tokens)
+        lengths = [f.prompt for f in plan.prefills]
+        if self.model.padded:
+            lengths = [max(lengths)] * len(lengths)
+        return batch(self.tier, lengths)
 
     def finish_step(self, plan: StepPlan, now: float) -> StepResult:
         out = self.model.complete(plan)

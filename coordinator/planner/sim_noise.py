@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,11 @@ class NoisyService:
 
     def prefill_s(self, tier: str, tokens: int) -> float:
         return self.inner.prefill_s(tier, tokens) * self.speed.factor()
+
+    def prefill_batch_s(self, tier: str, lengths: Sequence[int]) -> float:
+        batch = getattr(self.inner, "prefill_batch_s", None)
+        seconds = batch(tier, lengths) if batch is not None else self.inner.prefill_s(tier, sum(lengths))
+        return seconds * self.speed.factor()
 
     def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
         return self.inner.decode_step_s(tier, batch, context_tokens) * self.speed.factor()
