@@ -109,7 +109,8 @@ Measured apart from the fidelity runs, not fitted to them: `python -m benchmarks
 prefill+decode decode+stack --rounds 2 --seconds 5` (benchmarks/results/core_sharing.json, 2026-12-06): 0.815,
 0.843 and 0.848 for the three pairs, 0.786-0.900 over the six rounds, median 0.821. On the 2026-12-06 records
 (sim_fidelity_layouts.at-eb12f4f.md) it moves colocated_prefill, whose core 1 two LLM workers share, toward live
-(TPOT -18 % -> -7 % at the top rate) and epd, whose workers share core 0 less, hardly."""
+(TPOT -18.6 % -> -4.4 % at the top rate; the 15:20 runs: 28 of 36 figures closer) and epd, whose workers share
+core 0 less, by 1-3 points."""
 COORDINATOR_SHARE = 0.558
 """The coordinator's share of the CPU of the processes not pinned to a core (coordinator, Redis, the client):
 the adaptive layout's six runs sampled CPU time per process (cpu_by_core_method "cpu_time"), 0.548-0.566 at

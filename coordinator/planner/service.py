@@ -21,7 +21,9 @@ class ServiceTimes(Protocol):
 
     def prefill_s(self, tier: str, tokens: int) -> float:
         """One prefill forward over `tokens` prompt tokens in total (text + modality embeddings,
-        summed over the sequences batched together)."""
+        summed over the sequences batched together). A service may also offer `prefill_batch_s(tier,
+        lengths)`, the step timed per sequence (each its own attention; PerfModel does): the simulator
+        uses it for steps of several prompts where present, this where not."""
         ...
 
     def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
