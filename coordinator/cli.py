@@ -190,6 +190,13 @@ def cmd_up(a: argparse.Namespace, console: Console) -> int:
     def _interrupt(*_):  # SIGTERM while starting: stop what has started (start() does), as Ctrl-C does
         raise KeyboardInterrupt
 
+    stop = []
+
+    def _stop(*_):  # once up, Ctrl-C or SIGTERM: leave the loop at its next pass; a second one interrupts what runs
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(1)
+
     signal.signal(signal.SIGTERM, _interrupt)
     with console.status("starting redis, coordinator and workers..."):
         try:
@@ -206,11 +213,11 @@ def cmd_up(a: argparse.Namespace, console: Console) -> int:
                 cluster.stop()
                 raise
             console.print(f"[yellow]plan:[/] policy in force: {policy.model_dump(mode='json')}")
-    console.print(f"[bold green]tierserve is up[/] at {cluster.url}  (OpenAI base URL: {cluster.url}/v1)")
-    console.print(f"logs: {cluster.log_dir}   a process that exits is restarted; Ctrl-C stops everything")
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    try:
+    try:  # from here on, however a signal lands, the cluster is stopped before this process ends
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        console.print(f"[bold green]tierserve is up[/] at {cluster.url}  (OpenAI base URL: {cluster.url}/v1)")
+        console.print(f"logs: {cluster.log_dir}   a process that exits is restarted; Ctrl-C stops everything")
         from coordinator.oserve.local_executor import attach  # PUT /v1/admin/plan switches these processes
         from coordinator.protocol import envs
 
