@@ -104,6 +104,8 @@ def prefill_cost(arch: ModelArch, tokens: int) -> tuple[float, float]:
 def prefill_batch_cost(arch: ModelArch, lengths: Sequence[int]) -> tuple[float, float]:
     """(FLOPs, bytes) of one prefill step over several sequences, each its own causal attention, the
     weights read once."""
+    if len(lengths) == 1:
+        return prefill_cost(arch, lengths[0])
     costs = [prefill_cost(arch, n) for n in lengths]
     weights = arch.llm_weight_bytes()
     return sum(f for f, _ in costs), weights + sum(b - weights for _, b in costs)
@@ -296,31 +298,21 @@ class PerfModel:
         return (measured if o is None else measured + o.encode_batch_s + o.encode_request_s * batch) * self.encode_slowdown
 
     def prefill_s(self, tier: str, tokens: int) -> float:
-        _check_counts(tokens=tokens)
-        if tokens == 0:
-            return 0.0
-        if "[" in tier:
-            base = self.prefill_s(split_key(tier)[0], tokens)
-            cost = prefill_cost(self.arch, tokens)
-            return base * self._variant_ratio(tier, cost, tokens * self.arch.kv_bytes_per_token(), tokens)
-        p = self._profile(tier)
-        measured = p.prefill_s(tokens) if p else None
-        if measured is None:
-            measured = self.roofline_s(tier, *prefill_cost(self.arch, tokens))
-        o = self._overheads(tier)
-        return (measured if o is None else measured + max(0.0, o.prefill_step_s - o.decode_step_s)) * self.slowdown
+        return self.prefill_batch_s(tier, (tokens,))
 
     def prefill_batch_s(self, tier: str, lengths: Sequence[int]) -> float:
         """One prefill step over sequences of these prompt lengths (the same for each when the engine pads
         them to the longest), each with its own causal attention: measured points as Profile.prefill_batch_s
-        reads them, else the roofline of prefill_batch_cost; the step's overheads once."""
-        if len(lengths) <= 1:
-            return self.prefill_s(tier, sum(lengths))
+        reads them, else the roofline of prefill_batch_cost; the step's overheads once. prefill_s is the
+        step of one sequence."""
         for n in lengths:
             _check_counts(tokens=n)
-        tokens = sum(lengths)
+        lengths = [n for n in lengths if n]
+        if not lengths:
+            return 0.0
         if "[" in tier:
             base = self.prefill_batch_s(split_key(tier)[0], lengths)
+            tokens = sum(lengths)
             cost = prefill_batch_cost(self.arch, lengths)
             return base * self._variant_ratio(tier, cost, tokens * self.arch.kv_bytes_per_token(), tokens)
         p = self._profile(tier)
