@@ -90,13 +90,20 @@ def _workload(kind: str) -> Callable[[int], None]:
     raise ValueError(f"unknown workload {kind!r}; one of {', '.join(KINDS)}")
 
 
-def _run(kind: str, core: int, seconds: float, ready: mp.Queue, go: mp.Event, out: mp.Queue) -> None:
+def ready_op(kind: str, core: int, ready: mp.Queue, go: mp.Event) -> Callable[[int], None]:
+    """In a spawned process: pin it to `core`, load `kind`'s workload and warm it up, say so on `ready`, wait for
+    `go`; the operation to repeat."""
     os.sched_setaffinity(0, {core})
     op = _workload(kind)
     for i in range(WARMUP_OPS):
         op(i)
     ready.put(kind)
     go.wait()
+    return op
+
+
+def _run(kind: str, core: int, seconds: float, ready: mp.Queue, go: mp.Event, out: mp.Queue) -> None:
+    op = ready_op(kind, core, ready, go)
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
         op(n)
@@ -104,23 +111,29 @@ def _run(kind: str, core: int, seconds: float, ready: mp.Queue, go: mp.Event, ou
     out.put((kind, n / (time.perf_counter() - t0)))
 
 
-def measure(kinds: list[str], core: int, seconds: float) -> list[float]:
-    """Operations per second of each of `kinds`, run at once on `core` (one process each)."""
+def run_together(target: Callable, args: list[tuple], seconds: float) -> list:
+    """One spawned process per `args` entry, `target(*entry, ready, go, out)`: each loads its workload and puts
+    something on `ready`, all start together on `go` and each puts its result on `out` (returned, in arrival order)."""
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_run, args=(k, core, seconds, ready, go, out)) for k in kinds]
+    procs = [ctx.Process(target=target, args=(*a, ready, go, out)) for a in args]
     for p in procs:
         p.start()
     try:
         for _ in procs:
             ready.get(timeout=300)
         go.set()
-        got = [out.get(timeout=seconds + 120) for _ in procs]
+        return [out.get(timeout=seconds + 120) for _ in procs]
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+
+
+def measure(kinds: list[str], core: int, seconds: float) -> list[float]:
+    """Operations per second of each of `kinds`, run at once on `core` (one process each)."""
+    got = run_together(_run, [(k, core, seconds) for k in kinds], seconds)
     if len({k for k in kinds}) == 1:
         return sorted(r for _, r in got)
     rates = dict(got)

@@ -21,7 +21,8 @@ host's speed drifts within minutes). The reading is sim_fidelity's "encode_core"
 overheads; the serving stack's CPU on the encode worker's core).
 
 Per layout and rate: two live runs (their difference is the noise floor of the shared host) against
-the simulation, on goodput, P50 TTFT and mean TPOT, under the layout's SLO, chosen tight enough that
+the simulation, on goodput, P50 TTFT and mean TPOT, at the profiles' speed and again at each live run's own
+(sim_fidelity_speed.py: the host's phase, read from the workers' compute timers), under the layout's SLO, chosen tight enough that
 attainment lands between 50 % and 95 % at the middle rate so that goodput depends on the latency
 distributions. Every live request's times are saved, so the figures can be judged again under
 another SLO and re-simulated offline (--resimulate, --slo).
@@ -32,6 +33,7 @@ another SLO and re-simulated offline (--resimulate, --slo).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -43,6 +45,7 @@ from typing import TypeVar
 from rich.console import Console
 
 from benchmarks.sim_fidelity import rounded, workload
+from benchmarks.sim_fidelity_speed import at_run_speed, live_compute, mean_figures
 from coordinator.launcher import ClusterSpec
 from coordinator.planner.arch import get_arch
 from coordinator.planner.catalog import load_catalog
@@ -182,23 +185,27 @@ LAYOUTS = {l.name: l for l in (
 
 def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None,
              stack_cores: dict[str, float] | None = None, placement: str | None = None,
-             routed_before: int = 0, loop_share: float = COORDINATOR_SHARE) -> SimResult:
+             routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
+             speed: tuple[float, float] = (1.0, 1.0), record_compute: bool = False) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
     measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
-    (stack_shares), evenly over `layout.core_nodes` when not given."""
+    (stack_shares), evenly over `layout.core_nodes` when not given; `speed`: the encoder's and the LLM
+    workers' times as multiples of the profile's (sim_fidelity_speed.py); `record_compute`: sum the workers'
+    compute as live workers report it (SimResult.compute_s)."""
     arch = get_arch(profile.model)
     if stack_cores is None:
         stack_cores = {n: 1.0 / len(layout.core_nodes) for n in layout.core_nodes}
     contention = "none" if stack_cores else "encode_core"  # on stack cores the lanes charge the CPU
     perf = PerfModel(load_catalog(), arch, [profile], overheads=True, host_contention=contention,
                      hop_in_share=hop_in_share)
+    perf.encode_slowdown, perf.slowdown = speed
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
                     load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
                     stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP, wake_affine=WAKE_AFFINE,
                     stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
                     offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE,
-                    core_sharing=CORE_SHARING)
+                    core_sharing=CORE_SHARING, record_compute=record_compute)
     return sim.run(requests)
 
 
@@ -216,9 +223,10 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
              hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None,
-             routed_before: int = 0, loop_share: float = COORDINATOR_SHARE) -> dict:
+             routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
+             speed: tuple[float, float] = (1.0, 1.0)) -> dict:
     result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before,
-                      loop_share=loop_share)
+                      loop_share=loop_share, speed=speed, record_compute=True)
     total = sum(result.stack_cpu_s.values())
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
@@ -227,7 +235,8 @@ def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: 
                                            "stack_cpu_share": {n: round(c / total, 3) for n, c in
                                                                result.stack_cpu_s.items()} if total else {},
                                            "spread": spread([r.ttft for r in result.records],
-                                                            [r.tpot for r in result.records])}
+                                                            [r.tpot for r in result.records]),
+                                           "compute_s": {k: round(v, 4) for k, v in result.compute_s.items()}}
 
 
 SPREAD = (10, 50, 75, 90)
@@ -249,10 +258,15 @@ decode phase into hand-off, step compute and the time between steps."""
 
 
 def saved_records(records: list[ReplayRecord]) -> dict[str, list]:
-    """Per request (arrival order): what re-judging under another SLO needs, and the decode phase's parts."""
+    """Per request (arrival order): what re-judging under another SLO needs, the decode phase's parts, and the
+    workers' compute seconds (encode_s: its micro-batch's encoder call; prefill_s, decode_s: sums of the engine steps
+    it was in), which give the host's speed during the run (calibrate.py)."""
     return {"sent": [round(r.sent, 5) for r in records], "ttft": [round(r.ttft, 5) for r in records],
             "e2e": [round(r.e2e, 5) for r in records], "output_tokens": [r.output_tokens for r in records],
             "error": [r.error for r in records], "decode_s": [r.compute.get("decode_s") for r in records],
+            "prefill_s": [r.compute.get("prefill_s") for r in records],
+            "encode_s": [r.compute.get("encode_s") for r in records],
+            "encode_batch": [r.compute.get("encode_batch") for r in records],
             "marks": [{k: round(v, 5) for k, v in r.marks.items() if k in SAVED_MARKS} for r in records]}
 
 
@@ -295,6 +309,19 @@ def judge(report: dict, requests: int, seed: int) -> None:
         cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores, before, loop)
         cell["error_pooled"] = relative(cell["sim_pooled"], cell["live_mean"])
         cell["within_10pct"] = all(e is not None and abs(e) <= 0.10 for e in cell["error"].values())
+        runs = [at_run_speed(functools.partial(speed_cell, layout, profile, reqs, slo, share, cores, before, loop),
+                             live_compute(run["records"])) for run in cell["live_runs"]]
+        cell["sim_run_speed"] = mean_figures(runs, list(METRICS) + ["slo_attainment", "ttft_mean_s"]) | {
+            "runs": [{k: r[k] for k in ("speed", "compute_s", "live_compute_s", "compute_mismatch", "ttft_stages")} | {
+                m: r[m] for m in METRICS} for r in runs]}
+        cell["error_run_speed"] = relative(cell["sim_run_speed"], cell["live_mean"])
+        cell["within_10pct_run_speed"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_speed"].values())
+
+
+def speed_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO, hop_in_share: float | None,
+               stack_cores: dict[str, float], routed_before: int, loop_share: float, speed: tuple[float, float]) -> dict:
+    """sim_cell at `speed` (sim_fidelity_speed.at_run_speed's `simulate`)."""
+    return sim_cell(layout, profile, requests, slo, hop_in_share, stack_cores, routed_before, loop_share, speed)
 
 
 def hop_in_share(report: dict) -> float | None:

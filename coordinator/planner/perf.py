@@ -286,6 +286,13 @@ class PerfModel:
             view.slowdown = self.slowdown * stretch
         return view
 
+    def without_overheads(self) -> PerfModel:
+        """A view of this model reading the compute points alone (overheads off), at the same slowdowns: the
+        forwards' own time, as the workers' compute timers report it (sim_compute.py)."""
+        view = copy.copy(self)
+        view.use_overheads = False
+        return view
+
     def encode_s(self, tier: str, modality: Modality, batch: int, tokens_per_item: int) -> float:
         _check_counts(batch=batch, tokens_per_item=tokens_per_item)
         if batch == 0:
@@ -337,6 +344,19 @@ class PerfModel:
             measured = self.roofline_s(tier, *decode_cost(self.arch, batch, context_tokens))
         o = self._overheads(tier)
         return (measured if o is None else measured + o.decode_step_s + o.decode_seq_s * batch) * self.slowdown
+
+    def admit_s(self, tier: str, role: str = "combined") -> float:
+        """Seconds a running batch waits per request its engine admits, beyond what the admitting step already
+        carries: ProfileOverheads.admit_s (the tensors received, the request added, its first token published,
+        between steps) less, where the engine prefills, the prefill step's own overhead. Measured where a request
+        joins with its embeddings (the profiling cluster's combined worker); a decode engine's KV join (`role`
+        "decode") is read at the same figure. 0 without a profile of the tier or with overheads off: the
+        roofline does not model it."""
+        o = self._overheads(tier)
+        if o is None:
+            return 0.0
+        carried = 0.0 if role == "decode" else max(0.0, o.prefill_step_s - o.decode_step_s)
+        return max(0.0, o.admit_s - carried) * self.slowdown
 
     def link_bytes_s(self, src_tier: str, dst_tier: str, same_host: bool) -> float:
         """Bandwidth of the narrowest link on the way: NVLink between same-tier NVLink GPUs of one host,

@@ -125,6 +125,10 @@ class ProfileOverheads(BaseModel):
     when it runs on the same host) spends per streamed request, beyond its tokens."""
     stack_cpu_token_s: float = Field(0.0, ge=0)
     """The same per streamed output token (relaying it, parsing its chunk)."""
+    admit_s: float = Field(0.0, ge=0)
+    """LLM-worker seconds between steps per request admitted to a running batch (receiving its tensors, adding
+    it to the engine, publishing its first token), which every sequence in the batch waits through: the admission
+    phase (profiling_admission.py). 0: not measured (profiles before 2026-12-06)."""
     shared_cores: int = Field(0, ge=0)
     """Cores the workers share with that stack (the host's, on a one-host CPU cluster); 0: the stack
     runs elsewhere and takes nothing from the workers (no contention modelled)."""

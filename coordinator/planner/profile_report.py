@@ -76,7 +76,8 @@ def _print_overheads(console: Console, p: Profile) -> None:
         return
     console.print(f"overheads (ms): encode {_ms(o.encode_batch_s)} per batch + {_ms(o.encode_request_s)} per request; "
                   f"prefill step {_ms(o.prefill_step_s)}; decode step {_ms(o.decode_step_s)} + {_ms(o.decode_seq_s)} "
-                  f"per sequence; hop {_ms(o.hop_s)}; request latency {_ms(o.request_latency_s)}")
+                  f"per sequence; admission {_ms(o.admit_s)} per join to a running batch; hop {_ms(o.hop_s)}; "
+                  f"request latency {_ms(o.request_latency_s)}")
     if o.shared_cores:
         console.print(f"serving stack CPU (ms): {_ms(o.stack_cpu_request_s)} per request + {_ms(o.stack_cpu_token_s)} "
                       f"per token, on {o.shared_cores} cores shared with the workers")

@@ -59,6 +59,7 @@ from coordinator.planner.profiling_phases import (
     median,
     prefill_phase,
 )
+from coordinator.planner.profiling_admission import AdmissionSample, admission_phase, admit_s
 from coordinator.planner.profiling_stack import STACK_TOKENS, shared_cores, stack_phase
 
 __all__ = ["ProfileOutcome", "ProfileSettings", "planned_measurements", "profile_cluster"]
@@ -77,7 +78,7 @@ def planned_measurements(s: ProfileSettings, stack: bool = False) -> int:
     """Measurements the run plans (the progress bar's total; early stops tick the rest off); `stack`:
     the serving stack's CPU is measured too."""
     return s.repeats * (len(doublings(s.max_encode_batch)) + len(s.prompt_lengths)
-                        + len(s.decode_batches) * len(s.decode_prompts)) + stack * len(STACK_TOKENS) * s.stack_requests
+                        + len(s.decode_batches) * len(s.decode_prompts) + 1) + stack * len(STACK_TOKENS) * s.stack_requests
 
 
 def check_isolated(workers: list[dict], url: str) -> None:
@@ -104,7 +105,7 @@ def tier_of(workers: list[dict]) -> str:
 async def profile_cluster(url: str, settings: ProfileSettings | None = None, tier: str | None = None,
                           admin_token: str | None = None, source: str = "", tick: Tick = lambda n: None,
                           stack_pids: Sequence[int] = ()) -> ProfileOutcome:
-    """Run the three stress workloads on the cluster at `url`; restores its policy afterwards.
+    """Run the stress workloads (and the admission phase) on the cluster at `url`; restores its policy afterwards.
 
     `stack_pids`: the local coordinator's and Redis's processes, when this host runs them: then the
     serving stack's CPU per request and token is measured too (profiling_stack.py)."""
@@ -129,6 +130,7 @@ async def profile_cluster(url: str, settings: ProfileSettings | None = None, tie
             await put_policy(c, {"batch": {"name": "pass_through"}})
             pre = await prefill_phase(c, model, sizer, s, tick)
             dec, skipped = await decode_phase(c, model, sizer, s, tick)
+            joins = await admission_phase(c, model, sizer, s, tick)
             stack = await stack_phase(c, model, sizer, s, stack_pids, tick) if stack_pids else None
         finally:
             try:
@@ -136,6 +138,9 @@ async def profile_cluster(url: str, settings: ProfileSettings | None = None, tie
             except LiveClusterError as exc:
                 notes.append(f"could not restore the cluster's policy: {exc}")
     notes += skipped
+    if len(joins) < s.repeats:
+        notes.append(f"admission: {len(joins)} of {s.repeats} joined bursts clean (the joins must land while the "
+                     f"burst decodes); admit_s from {len(joins) or 'none'}")
     if enc.capped_at is not None:
         notes.append(f"encode doubling stopped at the encode worker's batch cap {enc.capped_at} (its "
                      f"--max-batch-size), before throughput saturated")
@@ -143,11 +148,12 @@ async def profile_cluster(url: str, settings: ProfileSettings | None = None, tie
         notes.append(enc.note)
     load = f"load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
     where = f"{source + '; ' if source else ''}{url} from host {socket.gethostname()}; {load}"
-    return ProfileOutcome(build_profile(tier, model, sizer, enc, pre, dec, where, stack), notes)
+    return ProfileOutcome(build_profile(tier, model, sizer, enc, pre, dec, where, stack, joins), notes)
 
 
 def build_profile(tier: str, model: str, sizer: PromptSizer, enc: EncodeResult, pre: list[PrefillSample],
-                  dec: list[DecodeSample], source: str, stack: tuple[float, float] | None = None) -> Profile:
+                  dec: list[DecodeSample], source: str, stack: tuple[float, float] | None = None,
+                  joins: list[AdmissionSample] = ()) -> Profile:
     """Medians per point, fitted overheads, and the stage-1 figures."""
     encode = {}
     enc_points = [EncodePoint(batch=b, seconds=median(xs))
@@ -159,11 +165,11 @@ def build_profile(tier: str, model: str, sizer: PromptSizer, enc: EncodeResult, 
                    for k, xs in _groups(((d.batch, d.context_tokens), d.step_s) for d in dec))
     return Profile(tier=tier, model=model, measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    source=source, encode=encode, prefill=prefill, decode=decode,
-                   overheads=fit_overheads(enc, pre, dec, stack), stage1=_stage1(enc, enc_points, prefill, decode))
+                   overheads=fit_overheads(enc, pre, dec, stack, joins), stage1=_stage1(enc, enc_points, prefill, decode))
 
 
 def fit_overheads(enc: EncodeResult, pre: list[PrefillSample], dec: list[DecodeSample],
-                  stack: tuple[float, float] | None = None) -> ProfileOverheads:
+                  stack: tuple[float, float] | None = None, joins: list[AdmissionSample] = ()) -> ProfileOverheads:
     # Lines through the per-batch medians: one noisy burst must not tilt them.
     enc_a, enc_b = fit_line([(b, median(xs)) for b, xs in _groups((e.batch, e.cycle_s - e.seconds) for e in enc.samples)])
     dec_a, dec_b = fit_line([(b, median(xs)) for b, xs in _groups((d.batch, d.cadence_s - d.step_s) for d in dec)])
@@ -174,7 +180,7 @@ def fit_overheads(enc: EncodeResult, pre: list[PrefillSample], dec: list[DecodeS
         prefill_step_s=max(0.0, median([p.overhead_s for p in pre])) if pre else 0.0,
         hop_s=max(0.0, median([e.hop_s for e in enc.samples])) if enc.samples else 0.0,
         request_latency_s=max(0.0, median(single)) if single else 0.0,
-        request_in_s=max(0.0, median(ways_in)) if ways_in else None,
+        request_in_s=max(0.0, median(ways_in)) if ways_in else None, admit_s=admit_s(list(joins)),
         stack_cpu_request_s=stack[0] if stack else 0.0, stack_cpu_token_s=stack[1] if stack else 0.0,
         shared_cores=shared_cores() if stack else 0)
 

@@ -80,6 +80,12 @@ class ProfileSettings(BaseModel):
     would measure a latency only a saturated cluster sees."""
     encode_words: int = Field(4, ge=0)
     """Filler words beside the image in encode bursts (the prefill that follows stays small)."""
+    admission_batch: int = Field(2, ge=1)
+    """Decoders per burst of the admission phase (profiling_admission.py)."""
+    admission_output_tokens: int = Field(96, ge=8)
+    """Tokens each of them generates: long enough that the joins land while they decode."""
+    admission_joins: int = Field(2, ge=1)
+    """One-image requests sent into each joined burst, evenly over the lone burst's duration."""
     stack_requests: int = Field(10, ge=1)
     """Streaming requests per output length when measuring the serving stack's CPU (local clusters)."""
     stack_idle_s: float = Field(1.0, gt=0)

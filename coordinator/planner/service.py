@@ -23,7 +23,9 @@ class ServiceTimes(Protocol):
         """One prefill forward over `tokens` prompt tokens in total (text + modality embeddings,
         summed over the sequences batched together). A service may also offer `prefill_batch_s(tier,
         lengths)`, the step timed per sequence (each its own attention; PerfModel does): the simulator
-        uses it for steps of several prompts where present, this where not."""
+        uses it for steps of several prompts where present, this where not. Likewise optional:
+        `admit_s(tier, role)`, the seconds a running batch waits per request its engine admits (PerfModel
+        reads it from a profile), added to the step that admits it."""
         ...
 
     def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from coordinator.planner.deployment import Deployment
 from coordinator.planner.goodput import SLO, NodeUsage, RequestRecord, Summary, summarize
 from coordinator.planner.service import ServiceTimes
+from coordinator.planner.sim_compute import ComputeMeter
 from coordinator.planner.sim_engine import Flight
 from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
@@ -95,6 +96,9 @@ class SimResult:
     """Events processed (the simulator's own cost)."""
     stack_cpu_s: dict[str, float] = field(default_factory=dict)
     """With stack cores: the stack's CPU seconds run on each core (a node on it names it; sim_stack.py)."""
+    compute_s: dict[str, float] = field(default_factory=dict)
+    """With record_compute: request-weighted compute seconds per stage, as live workers report them
+    (sim_compute.py); empty otherwise."""
 
     def summary(self, slo: SLO, price_per_hour: Mapping[str, float] | None = None) -> Summary:
         """Goodput etc. under `slo`; `price_per_hour` by node name (Deployment.node_prices)."""
@@ -119,6 +123,8 @@ class Cluster:
         self.load_report_s = load_report_s
         """How often LLM nodes report their load (Simulator.load_report_s); 0: routing sees it exactly."""
         self.service = service
+        self.meter: ComputeMeter | None = None
+        """Sums the workers' compute seconds as live workers report them (Simulator(record_compute=True))."""
         self.kv_bytes_per_token = kv_bytes_per_token
         self.embedding_bytes_per_token = embedding_bytes_per_token
         self.events = EventQueue()
@@ -220,17 +226,19 @@ class Cluster:
         ties = [n for n, load in zip(nodes, loads) if load == low]
         return ties[self._rr % len(ties)]
 
-    def encode_s(self, tier: str, batch: list[Flight]) -> float:
+    def encode_s(self, tier: str, batch: list[Flight], service: ServiceTimes | None = None) -> float:
+        """One encoder forward over the micro-batch, on `service` (by default the cluster's)."""
+        service = service or self.service
         if len(batch) == 1:
             r = batch[0].record.request
-            return self.service.encode_s(tier, r.modality, r.items, r.tokens_per_item)
+            return service.encode_s(tier, r.modality, r.items, r.tokens_per_item)
         groups: dict[str, list[int]] = {}
         for f in batch:
             r = f.record.request
             g = groups.setdefault(r.modality, [0, 0])
             g[0] += r.items
             g[1] += r.embedding_tokens
-        return sum(self.service.encode_s(tier, m, items, max(1, round(tokens / items)))
+        return sum(service.encode_s(tier, m, items, max(1, round(tokens / items)))
                    for m, (items, tokens) in groups.items())
 
     def remote_loads(self) -> list[int]:
@@ -251,9 +259,13 @@ class Cluster:
         self._transfer(f, f.prompt * self.kv_bytes_per_token, tier, host, dst, now)
 
     def _transfer(self, f: Flight, nbytes: int, tier: str, host: str | None, dst: LLMNode, now: float) -> None:
+        """The tensors' way to `dst`. The receiving end's CPU, which the measured hop holds, is charged to the
+        engine's admitting step instead where the service times admissions (Engine.admit_s): the request pays it
+        once, and the batch it joins waits through it too."""
         same_host = host is not None and host == dst.host
         dst.incoming += 1
-        self.events.at(now + self.service.transfer_s(nbytes, tier, dst.tier, same_host), dst.receive, f)
+        seconds = self.service.transfer_s(nbytes, tier, dst.tier, same_host) - dst.engine.admit_s()
+        self.events.at(now + max(0.0, seconds), dst.receive, f)
 
 
 class Simulator:
@@ -265,7 +277,7 @@ class Simulator:
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
                  stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
-                 core_sharing: float = 1.0) -> None:
+                 core_sharing: float = 1.0, record_compute: bool = False) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -336,6 +348,9 @@ class Simulator:
         """The share of a time-sliced processor (a shared core, an unpartitioned E+P processor) that k >= 2
         busy lanes get in all, each core_sharing/k: switching between processes costs the one coming back
         its caches (sim_gpu.py; benchmarks/core_sharing.py measures it). 1.0: perfect processor sharing."""
+        self.record_compute = record_compute
+        """Sum the workers' compute seconds as the live workers report them (SimResult.compute_s; sim_compute.py):
+        needs a service with `without_overheads()` (PerfModel)."""
         self.host_noise = host_noise
         """The host's speed varying over time (sim_noise.py): encode, prefill and decode steps take a factor of
         their profiled time that changes every `period_s`; None: always the profiled time."""
@@ -360,6 +375,12 @@ class Simulator:
                           self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
                           self.stack_placement, self.relay_per_step, self.offload_routed_before, self.wake_affine,
                           self.stack_loop_share, self.stack_preempts, self.core_sharing)
+        if self.record_compute:
+            bare = getattr(service, "without_overheads", None)
+            if bare is None:
+                raise ValueError(f"record_compute needs service times that can drop their overheads "
+                                 f"(without_overheads(), as PerfModel has); {type(service).__name__} cannot")
+            cluster.meter = ComputeMeter(bare())
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
         if speed is not None:
@@ -380,4 +401,5 @@ class Simulator:
         events.run()
         stats = [EncodeStats(e.name, e.router.counts, 0 if e.stealing is None else e.stealing.stolen_total,
                              0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
-        return SimResult([f.record for f in flights], cluster.usage, stats, events.processed, cluster.stack.cpu_by_core())
+        return SimResult([f.record for f in flights], cluster.usage, stats, events.processed, cluster.stack.cpu_by_core(),
+                         dict(cluster.meter.totals) if cluster.meter is not None else {})

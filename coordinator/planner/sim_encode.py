@@ -132,6 +132,8 @@ class EncodeNode:
             f.record.encode_start = now
             f.record.encode_batch = len(batch)
         work = self.cluster.encode_s(self.tier, batch)
+        if (meter := self.cluster.meter) is not None:
+            meter.add("encode", self.cluster.encode_s(self.tier, batch, meter.compute) * len(batch))
         if self.gpu is not None:
             tokens = sum(f.record.request.embedding_tokens for f in batch)
             backlog = self.local.model.waiting_tokens + self._local_step_tokens

@@ -67,6 +67,9 @@ class StepPlan:
     decode_cost_context: int = 0
     """Context to time the decode forward at: context_tokens, or decodes x the longest context when
     the engine pads its batches."""
+    admitted: int = 0
+    """Sequences this step admitted: its prefills, or on a decode engine the handed-off sequences that join
+    the batch (ServiceTimes.admit_s each)."""
 
 
 @dataclass(slots=True)
@@ -143,6 +146,7 @@ class EngineModel:
             self.waiting.popleft()
             budget -= cost
             self.running += 1
+            plan.admitted += 1
             if decode_role:
                 self._start_decoding(f, k)
             else:

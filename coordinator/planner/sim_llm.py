@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.planner.goodput import NodeUsage
+from coordinator.planner.service import ServiceTimes
 from coordinator.planner.sim_engine import EngineModel, Flight, StepPlan, StepResult
 from coordinator.protocol.roles import LLMRole
 from coordinator.planner.sim_events import EventQueue
@@ -50,15 +51,28 @@ class Engine:
         svc = self.cluster.service
         prefill = self._prefill_s(plan) if plan.prefills else 0.0
         decode = svc.decode_step_s(self.tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
+        if plan.admitted and (cost := self.admit_s() * plan.admitted):
+            if plan.prefills:
+                prefill += cost
+            else:
+                decode += cost
         for f in plan.prefills:
             f.record.prefill_start = now
+        if (meter := self.cluster.meter) is not None:  # a started step always completes (coasts count their own)
+            meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0)
         return plan, prefill, decode
 
-    def _prefill_s(self, plan: StepPlan) -> float:
+    def admit_s(self) -> float:
+        """Seconds the engine spends per request it admits, between steps (ServiceTimes' optional admit_s; 0
+        where the service does not time admissions)."""
+        admit = getattr(self.cluster.service, "admit_s", None)
+        return admit(self.tier, self.model.role) if admit is not None else 0.0
+
+    def _prefill_s(self, plan: StepPlan, svc: ServiceTimes | None = None) -> float:
         """The step's prefill: its sequences each with their own attention (ServiceTimes.prefill_batch_s,
         padded to the longest when the engine pads) where the service times batches, else all its tokens
-        as one prompt (plan.prefill_cost_tokens)."""
-        svc = self.cluster.service
+        as one prompt (plan.prefill_cost_tokens). On `svc`, by default the cluster's."""
+        svc = svc or self.cluster.service
         batch = getattr(svc, "prefill_batch_s", None)  # optional, like under_load
         if batch is None or len(plan.prefills) == 1:
             return svc.prefill_s(self.tier, plan.prefill_cost_tokens)
@@ -98,6 +112,8 @@ class Coast:
         self._seconds: list[float] = []
         self._batches: list[int] = []
         """Tokens each kept step produces (its decode batch)."""
+        self._compute: list[float] = []
+        """With a compute meter (sim_compute.py): each kept step's forward without overheads."""
         self._cut = False
         self._version = 0
 
@@ -110,6 +126,7 @@ class Coast:
         model, first, t = self.engine.model, self.engine.model.step_index, now
         decode_s, tier = self.engine.cluster.service.decode_step_s, self.engine.tier
         ends, seconds, batches = self._ends, self._seconds, self._batches
+        meter = self.engine.cluster.meter
         while len(ends) < MAX_COAST_STEPS:
             step = model.plain_decode_step()
             if step is None:
@@ -119,6 +136,8 @@ class Coast:
             ends.append(t)
             seconds.append(dt)
             batches.append(step[0])
+            if meter is not None:
+                self._compute.append(meter.compute.decode_step_s(tier, step[0], step[1]))
         if not ends:
             return False
         self._first, self._cut = first, False
@@ -133,7 +152,7 @@ class Coast:
             return
         kept = min(bisect_left(self._ends, now) + 1, len(self._ends))
         self.engine.model.rewind(self._first + kept)
-        del self._ends[kept:], self._seconds[kept:], self._batches[kept:]
+        del self._ends[kept:], self._seconds[kept:], self._batches[kept:], self._compute[kept:]
         self._cut = True
         self._version += 1
         self.events.at(self._ends[-1], self._end, self._version)
@@ -144,7 +163,9 @@ class Coast:
         ends, seconds = self._ends, self._seconds
         self._ends, self._seconds = [], []
         self.engine.cluster.stack.tokens(sum(self._batches), len(self._batches), self.engine.node)  # the coast's tokens, relayed at its end
-        self._batches = []
+        if self._compute:
+            self.engine.cluster.meter.add("decode", sum(c * b for c, b in zip(self._compute, self._batches)))
+        self._batches, self._compute = [], []
         self.on_end(ends, seconds)
 
 

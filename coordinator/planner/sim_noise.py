@@ -82,5 +82,9 @@ class NoisyService:
     def transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
         return self.inner.transfer_s(nbytes, src_tier, dst_tier, same_host)
 
+    def without_overheads(self) -> NoisyService:
+        """The inner service's compute alone (Simulator(record_compute=True)), at the same host speed."""
+        return NoisyService(self.inner.without_overheads(), self.speed)
+
     def __getattr__(self, name: str) -> Any:  # optional extras (request_hops_s, stack_cpu_s, ...) pass through
         return getattr(self.inner, name)

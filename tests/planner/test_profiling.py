@@ -88,8 +88,8 @@ def test_profile_from_samples_takes_medians_and_fits_overheads():
 def test_planned_measurements_counts_every_point():
     s = ProfileSettings(max_encode_batch=4, prompt_lengths=(32, 64), decode_batches=(1, 2), decode_prompts=(32,),
                         repeats=2, stack_requests=3)
-    assert planned_measurements(s) == 2 * (3 + 2 + 2)
-    assert planned_measurements(s, stack=True) == 2 * (3 + 2 + 2) + 2 * 3
+    assert planned_measurements(s) == 2 * (3 + 2 + 2 + 1)       # + one joined burst per repeat (admission)
+    assert planned_measurements(s, stack=True) == 2 * (3 + 2 + 2 + 1) + 2 * 3
 
 
 # --- the overheads in the performance model and the simulator --------------------------------------
@@ -180,6 +180,8 @@ def test_profile_a_live_cluster(live_cluster, tmp_path):
     assert all(d.seconds > 0 for d in p.decode) and all(x.seconds > 0 for x in p.prefill)
     o = p.overheads
     assert o.request_latency_s > 0 and o.hop_s > 0 and o.shared_cores >= 1 and o.stack_cpu_request_s > 0
+    joined = [n for n in outcome.notes if n.startswith("admission:")]
+    assert o.admit_s > 0 or joined, outcome.notes    # measured, or the note says why not
     assert sum(ticks) == planned_measurements(SMALL, stack=True)
     assert httpx.get(f"{live_cluster.url}/v1/admin/policy", timeout=10).json() == before   # policy restored
     loaded = Profile.load(p.save(tmp_path / "cpu.json"))

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.sim_fidelity import workload
-from benchmarks.sim_fidelity_layouts import IMAGE_REQUESTS_BEFORE, LAYOUTS, judge, simulate
+from benchmarks.sim_fidelity_layouts import LAYOUTS, judge, simulate
 from benchmarks.sim_fidelity_report import markdown
 from coordinator.planner.profile import Profile, pool_profiles
+from tests.planner.fidelity_fakes import simulated_report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,27 +41,9 @@ def test_every_layout_simulates_and_uses_its_mechanism(name, profile):
         assert max(r.encode_batch for r in result.records) > 1
 
 
-def fake_live(layout_name: str, profile: Profile, n: int, seed: int) -> dict:
-    """A layout report whose two 'live' runs are the simulation itself (with the router's line where judge
-    continues it: ROUTED_BEFORE)."""
-    layout = LAYOUTS[layout_name]
-    cells = []
-    for i, rate in enumerate(layout.rates):
-        reqs = workload(rate, profile.encode["image"].tokens_per_item).generate(n, seed=seed)
-        recs = simulate(layout, profile, reqs, routed_before=IMAGE_REQUESTS_BEFORE + 2 * n * i).records
-        saved = {"sent": [r.request.arrival for r in recs], "ttft": [r.ttft for r in recs],
-                 "e2e": [r.finish - r.request.arrival for r in recs],
-                 "output_tokens": [r.request.output_tokens for r in recs], "error": [None] * len(recs)}
-        run = {"records": saved, "ttft_stages": {}, "load_average": [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]}
-        cells.append({"rate": rate, "live_runs": [run, dict(run)], "profile": profile.model_dump(mode="json")})
-    return {"layout": layout_name, "about": layout.about, "deployment_simulated": layout.deployment,
-            "knobs": layout.knobs, "shared_cores_simulated": [sorted(g) for g in layout.shared_cores],
-            "slo": layout.slo.model_dump(), "profiles": [profile.model_dump(mode="json")], "cells": cells}
-
-
 @pytest.mark.parametrize("name", ["epd", "colocated_prefill"])
 def test_a_run_judged_against_its_own_simulation_has_no_error(name, profile):
-    report = fake_live(name, profile, 40, seed=2)
+    report = simulated_report(name, profile, 40, seed=2)
     judge(report, 40, 2)
     for cell in report["cells"]:
         assert cell["error"] == {k: 0.0 for k in cell["error"]}
@@ -68,7 +51,8 @@ def test_a_run_judged_against_its_own_simulation_has_no_error(name, profile):
         assert cell["within_10pct"]
     table = markdown({"command": "x", "date": "d", "requests_per_rate": 40, "seed": 2, "machine": "m",
                       "layouts": [report]})
-    assert table.count(f"| {LAYOUTS[name].rates[1]:g} |") == 1 and "+0.0%" in table
+    assert table.count(f"| {LAYOUTS[name].rates[1]:g} |") == 2 and "+0.0%" in table   # at the profile's and the runs' speed
+    assert "3 of 3 at the profiles' speed, 3 of 3 at each run's own speed" in table
 
 
 def test_host_noise_from_the_command_line_widens_the_simulated_spread(tmp_path, monkeypatch):

@@ -1,0 +1,47 @@
+"""The workers' compute seconds of a simulated run, summed as the live workers report them.
+
+A live worker reports per request the wall time of its compute (encode_s: its micro-batch's encoder call;
+prefill_s and decode_s: the engine steps it was in, their forwards only, the loop around them not counted),
+so summed over the requests these are request-weighted compute seconds: a step of 4 sequences counts 4
+times. `ComputeMeter` sums the same from a simulation (Simulator(record_compute=True)): each forward's time
+from the service without overheads, weighted by the requests in it. The two sums side by side give the host's
+speed during a live run against the profile the simulation used (benchmarks/sim_fidelity_speed.py).
+
+Each forward counts at its own length, not stretched where the simulation time-slices its processor with
+another worker's: the live timers do not see that sharing. On 2026-12-06 the two LLM workers time-slicing
+colocated_prefill's core 1 reported decode steps of 1.51-1.68 ms, as epd's decode worker alone on its core
+(1.51-1.61), and the encoder beside a prefill worker 0.94-1.05x its profiled call: a step of a few
+milliseconds runs whole, and the other process's turn falls between steps (benchmarks/results/
+sim_fidelity_s23/). Counted stretched, the sums took the host for 7-28 % faster than it was there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from coordinator.planner.service import ServiceTimes
+
+if TYPE_CHECKING:
+    from coordinator.planner.sim_engine import StepPlan
+
+STAGES = ("encode", "prefill", "decode")
+
+
+class ComputeMeter:
+    """Request-weighted compute seconds per stage (STAGES) of one simulated run."""
+
+    def __init__(self, compute: ServiceTimes) -> None:
+        self.compute = compute
+        """The run's service times without the serving stack's overheads (PerfModel.without_overheads)."""
+        self.totals = dict.fromkeys(STAGES, 0.0)
+
+    def add(self, stage: str, seconds: float) -> None:
+        """Request-weighted compute seconds of `stage`."""
+        self.totals[stage] += seconds
+
+    def step(self, tier: str, plan: StepPlan, prefill_s: float) -> None:
+        """An engine step: its forwards (`prefill_s`, timed by the caller on `compute`, and its decode) count once
+        for each sequence it prefills and once for each it decodes, as each is charged the whole step live."""
+        decode = self.compute.decode_step_s(tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
+        self.totals["prefill"] += (prefill_s + decode) * len(plan.prefills)
+        self.totals["decode"] += (prefill_s + decode) * plan.decodes

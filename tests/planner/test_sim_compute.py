@@ -1,0 +1,77 @@
+"""Simulator(record_compute=True) sums the workers' compute as live workers report it (sim_compute.py): each
+forward without overheads, at its own length, once per request in it."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.planner.arch import get_arch
+from coordinator.planner.catalog import load_catalog
+from coordinator.planner.deployment import Deployment
+from coordinator.planner.perf import PerfModel
+from coordinator.planner.profile import Profile, ProfileOverheads
+from coordinator.planner.sim import Simulator
+from coordinator.planner.workload import SimRequest
+
+TINY = get_arch("tiny-llava")
+PROFILE = Profile(tier="cpu", model="tiny-llava", measured_at="2026-12-06",
+                  encode={"image": {"tokens_per_item": 196, "points": [{"batch": 1, "seconds": 0.01},
+                                                                         {"batch": 2, "seconds": 0.016}]}},
+                  prefill=[{"tokens": 100, "seconds": 0.01}, {"tokens": 400, "seconds": 0.03}],
+                  decode=[{"batch": 1, "context_tokens": 100, "seconds": 0.003},
+                          {"batch": 4, "context_tokens": 1600, "seconds": 0.005}],
+                  overheads=ProfileOverheads(encode_batch_s=0.002, prefill_step_s=0.003, decode_step_s=0.0005,
+                                             decode_seq_s=0.0001, hop_s=0.001))
+
+
+def simulate(requests, spec="E@cpu, P+D@cpu", **kw):
+    perf = PerfModel(load_catalog(), TINY, [PROFILE])
+    sim = Simulator(Deployment.parse(spec), perf, kv_bytes_per_token=TINY.kv_bytes_per_token(),
+                    embedding_bytes_per_token=TINY.embedding_bytes(1), record_compute=True, **kw)
+    return perf, sim.run(requests)
+
+
+def test_one_request_counts_its_forwards_without_the_overheads():
+    n = 6
+    perf, result = simulate([SimRequest(0, 0.0, "image", 1, 196, 10, n)])
+    bare = perf.without_overheads()
+    prompt = 206
+    assert result.compute_s["encode"] == pytest.approx(bare.encode_s("cpu", "image", 1, 196))
+    assert result.compute_s["prefill"] == pytest.approx(bare.prefill_s("cpu", prompt))
+    # n - 1 decode steps, the k-th over prompt + k tokens of cache
+    assert result.compute_s["decode"] == pytest.approx(sum(bare.decode_step_s("cpu", 1, prompt + k) for k in range(1, n)))
+    assert bare.decode_step_s("cpu", 1, 100) < perf.decode_step_s("cpu", 1, 100)   # the overheads are left out
+
+
+def test_a_shared_step_counts_once_per_request_and_coasting_changes_nothing():
+    requests = [SimRequest(i, 0.001 * i, "image", 1, 196, 10, 30) for i in range(4)]
+    _, coasting = simulate(requests)
+    _, stepping = simulate(requests, coast=False)
+    assert coasting.compute_s == pytest.approx(stepping.compute_s)
+    _, alone = simulate(requests[:1])
+    assert coasting.compute_s["decode"] > 3 * alone.compute_s["decode"]   # four decoding together count four times
+
+
+def test_a_forward_on_a_shared_core_counts_at_its_own_length():
+    """E and P+D time-slice one core: while B is encoded A's steps take longer on the wall, but the live timers do
+    not see that sharing (sim_compute.py), so the sums are those of the unshared run."""
+    requests = [SimRequest(0, 0.0, "image", 1, 196, 10, 40), SimRequest(1, 0.05, "image", 1, 196, 10, 2)]
+    _, own = simulate(requests)
+    _, shared = simulate(requests, shared_cores=[{"0-E-cpu", "1-P+D-cpu"}])
+    assert shared.records[0].finish > own.records[0].finish            # the sharing is simulated
+    assert shared.compute_s == pytest.approx(own.compute_s)
+
+
+def test_service_times_that_cannot_drop_their_overheads_are_refused():
+    class Table:
+        def encode_s(self, *a): return 0.01
+        def prefill_s(self, *a): return 0.01
+        def decode_step_s(self, *a): return 0.002
+        def transfer_s(self, *a): return 0.0
+
+    sim = Simulator(Deployment.parse("E@cpu, P+D@cpu"), Table(), kv_bytes_per_token=1, embedding_bytes_per_token=1,
+                    record_compute=True)
+    with pytest.raises(ValueError, match="without_overheads"):
+        sim.run([SimRequest(0, 0.0, "image", 1, 196, 10, 4)])
+    assert Simulator(Deployment.parse("E@cpu, P+D@cpu"), Table(), kv_bytes_per_token=1,
+                     embedding_bytes_per_token=1).run([SimRequest(0, 0.0, "image", 1, 196, 10, 4)]).compute_s == {}
