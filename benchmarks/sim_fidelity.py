@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                         "both times with their units (e.g. epd=40ms,8.5ms)")
     p.add_argument("--core-sharing", type=float, default=None, metavar="SHARE",
                    help="with --layouts or --resimulate of a layouts result: the share of a core two or more busy "
-                        "processes time-slicing it get in all (Simulator(core_sharing=...); default: "
-                        "sim_fidelity_layouts.CORE_SHARING, measured by benchmarks/core_sharing.py; 1: no loss)")
+                        "processes time-slicing it get in all, on every time-sliced core (Simulator(core_sharing=...); default: "
+                        "sim_fidelity_layouts.CORE_SHARING, and the pair measured for a layout's shared core where there is "
+                        "one, by benchmarks/core_sharing.py; 1: no loss)")
     p.add_argument("--host-noise-sigma", type=float, default=None, metavar="SIGMA",
                    help="with --layouts or --resimulate of a layouts result: simulate the host's speed varying, a "
                         "lognormal factor of median 1 and this log-sd on every encode, prefill and decode step "
@@ -299,7 +300,7 @@ def layouts_main(a: argparse.Namespace, p: argparse.ArgumentParser, command: str
     if a.core_sharing is not None:
         if not 0.0 < a.core_sharing <= 1.0:
             p.error(f"--core-sharing must be in (0, 1], got {a.core_sharing}")
-        lay.CORE_SHARING = a.core_sharing
+        lay.CORE_SHARING, lay.GROUP_SHARING = a.core_sharing, False
     if (a.host_noise_sigma is None) != (a.host_noise_period_ms is None):
         p.error("--host-noise-sigma and --host-noise-period-ms go together (e.g. 0.25 and 50)")
     if a.host_noise_sigma is not None:

@@ -113,7 +113,16 @@ prefill+decode decode+stack --rounds 2 --seconds 5` (benchmarks/results/core_sha
 0.843 and 0.848 for the three pairs, 0.786-0.900 over the six rounds, median 0.821. On the 2026-12-06 records
 (sim_fidelity_layouts.at-eb12f4f.md) it moves colocated_prefill, whose core 1 two LLM workers share, toward live
 (TPOT -18.6 % -> -4.4 % at the top rate; the 15:20 runs: 28 of 36 figures closer) and epd, whose workers share
-core 0 less, by 1-3 points."""
+core 0 less, by 1-3 points. Since 2026-12-06 evening that core takes its own pair's share (DECODE_PAIR_SHARING);
+CORE_SHARING holds for the encoder's and prefill's cores and the stack's."""
+DECODE_PAIR_SHARING = 0.948
+"""Simulator(group_sharing=...) for a core two LLM workers time-slice (colocated_prefill's core 1: the combined and the
+decode worker, mostly decode steps): `python -m benchmarks.core_sharing --pairs decode+decode --rounds 3 --seconds 5
+--core 1` (benchmarks/results/sim_fidelity_s23/core_sharing_decode.json, 2026-12-06): 0.951, 0.914, 0.948. Two decode
+workers lose far less of a core than the pairs behind CORE_SHARING (encode, prefill: larger working sets)."""
+GROUP_SHARING = True
+"""Simulate each layout's shared cores at their measured pair's share (Layout.group_sharing); `sim_fidelity
+--core-sharing X` turns it off: X on every time-sliced core."""
 COORDINATOR_SHARE = 0.558
 """The coordinator's share of the CPU of the processes not pinned to a core (coordinator, Redis, the client):
 the adaptive layout's six runs sampled CPU time per process (cpu_by_core_method "cpu_time"), 0.548-0.566 at
@@ -136,6 +145,8 @@ class Layout:
     steal: bool = False
     shared_cores: tuple[frozenset[str], ...] = ()
     """Simulated nodes whose live workers share a core."""
+    group_sharing: tuple[float, ...] = ()
+    """core_sharing of each shared_cores group, where its pair was measured (else CORE_SHARING)."""
     core_nodes: tuple[str, ...] = ("0-E-cpu", "1-P+D-cpu")
     """A simulated node on each live core, in core order: the cores the coordinator (not pinned) floats
     over, and where the stack's hops and CPU run in the simulation (Simulator(stack_cores=...),
@@ -171,6 +182,7 @@ LAYOUTS = {l.name: l for l in (
            "E+P@cpu, P+D@cpu, D@cpu",
            {"batch": {"name": "pass_through"}, "offload": {"s": 0.5}, "partition": {"mode": "none"}},
            llm_roles=("combined", "decode"), local_prefill=True, shared_cores=(frozenset({"1-P+D-cpu", "2-D-cpu"}),),
+           group_sharing=(DECODE_PAIR_SHARING,),
            core_nodes=("0-E+P-cpu", "1-P+D-cpu"), pins=(("llm-1-decode", 1),), rates=(2.5, 5.0, 7.5), slo=SLO(ttft_s=0.1, tpot_s=0.012)),
     Layout("stealing", "encode + stealing combined worker on core 0, combined on core 1, stealing on",
            "E@cpu, P+D@cpu", {"batch": {"name": "pass_through"}, "stealing": {"enabled": True}}, steal=True,
@@ -205,7 +217,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
                     stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP, wake_affine=WAKE_AFFINE,
                     stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
                     offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE,
-                    core_sharing=CORE_SHARING, record_compute=record_compute)
+                    core_sharing=CORE_SHARING, group_sharing=layout.group_sharing if GROUP_SHARING else (),
+                    record_compute=record_compute)
     return sim.run(requests)
 
 

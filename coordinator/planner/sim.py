@@ -113,8 +113,11 @@ class Cluster:
                  shared_cores: Sequence[Collection[str]] = (), load_report_s: float = 0.0,
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
-                 stack_loop_share: float = 0.0, stack_preempts: bool = False, core_sharing: float = 1.0) -> None:
+                 stack_loop_share: float = 0.0, stack_preempts: bool = False, core_sharing: float = 1.0,
+                 group_sharing: Sequence[float] = ()) -> None:
         self.deployment = deployment
+        self.group_sharing = tuple(group_sharing)
+        """core_sharing of each shared_cores group, where given (Simulator.group_sharing)."""
         self.stack_preempts = stack_preempts
         self.core_sharing = core_sharing
         """What k >= 2 busy lanes of a time-sliced processor get of it in all (Simulator.core_sharing)."""
@@ -195,7 +198,8 @@ class Cluster:
             again = sorted(set(group) & set(lanes))
             if again:
                 raise ValueError(f"nodes {again} are on more than one shared core")
-            core = SharedCore(self.events, f"core {i}", self.core_sharing)
+            core = SharedCore(self.events, f"core {i}",
+                              self.group_sharing[i] if i < len(self.group_sharing) else self.core_sharing)
             lanes.update({n: core.lane(n) for n in group})
         unknown = sorted(set(stack_cores) - set(names))
         if unknown:
@@ -277,7 +281,8 @@ class Simulator:
                  stack_cores: Mapping[str, float] | None = None, stack_placement: StackPlacement = "share",
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
                  stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
-                 core_sharing: float = 1.0, record_compute: bool = False) -> None:
+                 core_sharing: float = 1.0, group_sharing: Sequence[float] = (),
+                 record_compute: bool = False) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -344,6 +349,13 @@ class Simulator:
         so it is not time-sliced with a worker that merely started its next step while another core idles."""
         if not 0.0 < core_sharing <= 1.0:
             raise ValueError(f"core_sharing must be in (0, 1], got core_sharing={core_sharing!r}")
+        if len(group_sharing) > len(shared_cores) or any(not 0.0 < g <= 1.0 for g in group_sharing):
+            raise ValueError(f"group_sharing gives one share in (0, 1] per shared_cores group "
+                             f"({len(shared_cores)} here), got {list(group_sharing)!r}")
+        self.group_sharing = tuple(group_sharing)
+        """core_sharing for each shared_cores group in turn (the rest, and the stack's cores, take core_sharing):
+        what two processes time-slicing a core lose depends on their working sets (benchmarks/core_sharing.py:
+        two decode workers 0.948, encode beside prefill 0.815)."""
         self.core_sharing = core_sharing
         """The share of a time-sliced processor (a shared core, an unpartitioned E+P processor) that k >= 2
         busy lanes get in all, each core_sharing/k: switching between processes costs the one coming back
@@ -374,7 +386,7 @@ class Simulator:
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
                           self.default_tpcs, self.coast, self.shared_cores, self.load_report_s, self.stack_cores,
                           self.stack_placement, self.relay_per_step, self.offload_routed_before, self.wake_affine,
-                          self.stack_loop_share, self.stack_preempts, self.core_sharing)
+                          self.stack_loop_share, self.stack_preempts, self.core_sharing, self.group_sharing)
         if self.record_compute:
             bare = getattr(service, "without_overheads", None)
             if bare is None:

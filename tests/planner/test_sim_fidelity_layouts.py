@@ -83,7 +83,8 @@ def test_slos_and_core_sharing_from_the_command_line(tmp_path, monkeypatch, caps
     import benchmarks.sim_fidelity_layouts as lay
     from benchmarks.sim_fidelity import main
 
-    monkeypatch.setattr(lay, "CORE_SHARING", lay.CORE_SHARING)  # the CLI sets the module's switch
+    monkeypatch.setattr(lay, "CORE_SHARING", lay.CORE_SHARING)  # the CLI sets the module's switches
+    monkeypatch.setattr(lay, "GROUP_SHARING", True)
     saved = REPO / "benchmarks/results/sim_fidelity_layouts.at-6e6191d.epd.json"
     for bad, says in ((["--slo", "epd=0.045,0.0032"], "has no unit"), (["--slo", "epd=45ms"], "expected LAYOUT=TTFT,TPOT"),
                       (["--core-sharing", "1.5"], "--core-sharing must be in (0, 1]"),
@@ -99,5 +100,6 @@ def test_slos_and_core_sharing_from_the_command_line(tmp_path, monkeypatch, caps
         rep = json.loads(out.read_text())["layouts"][0]
         assert rep["slo"] == {"ttft_s": 0.045, "tpot_s": 0.0032}
         assert f"core_sharing {float(share)}" in out.with_suffix(".md").read_text()
+        assert "per-core sharing where measured (Layout.group_sharing) False" in out.with_suffix(".md").read_text()
         ttft[share] = max(rep["cells"], key=lambda c: c["rate"])["sim"]["ttft_p50_s"]
     assert ttft["0.7"] > ttft["1"] * 1.02

@@ -198,6 +198,25 @@ def test_core_sharing_slows_only_overlapping_work_and_is_checked():
         Simulator(Deployment.parse(EPD), table, kv_bytes_per_token=1, embedding_bytes_per_token=1, core_sharing=0.0)
 
 
+def test_a_group_takes_its_own_share_and_the_rest_the_common_one():
+    """group_sharing[i] for shared_cores[i]: the E/P core at 0.5 as above while the common core_sharing is 1.0, and
+    the reverse; a group without its own share takes core_sharing."""
+    table = Table(encode=0.010, transfer=0.001, prefill=0.020, decode=0.005)
+    overlap = [request(0, 0.0), request(1, 0.015)]
+
+    def encode_end(**kw) -> float:
+        sim = Simulator(Deployment.parse(EPD), table, kv_bytes_per_token=1000, embedding_bytes_per_token=100,
+                        shared_cores=[{"0-E-cpu", "1-P-cpu"}], **kw)
+        return sim.run(overlap).records[1].encode_end
+
+    assert encode_end(core_sharing=1.0, group_sharing=[0.5]) == pytest.approx(0.055)
+    assert encode_end(core_sharing=0.5, group_sharing=[1.0]) == pytest.approx(0.035)
+    assert encode_end(core_sharing=0.5, group_sharing=[]) == pytest.approx(0.055)
+    for bad in ([0.0], [0.5, 0.5]):                                  # out of range; more shares than groups
+        with pytest.raises(ValueError, match="group_sharing gives one share"):
+            encode_end(group_sharing=bad)
+
+
 def test_an_unpartitioned_e_plus_p_processor_loses_the_same_share():
     events = EventQueue()
     usage = NodeUsage("0-E+P-cpu", "cpu", "E+P")
