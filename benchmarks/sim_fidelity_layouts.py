@@ -273,7 +273,7 @@ decode phase into hand-off, step compute and the time between steps."""
 def saved_records(records: list[ReplayRecord]) -> dict[str, list]:
     """Per request (arrival order): what re-judging under another SLO needs, the decode phase's parts, and the
     workers' compute seconds (encode_s: its micro-batch's encoder call; prefill_s, decode_s: sums of the engine steps
-    it was in), which give the host's speed during the run (calibrate.py)."""
+    it was in), which give the host's speed during the run (sim_fidelity_speed.py)."""
     return {"sent": [round(r.sent, 5) for r in records], "ttft": [round(r.ttft, 5) for r in records],
             "e2e": [round(r.e2e, 5) for r in records], "output_tokens": [r.output_tokens for r in records],
             "error": [r.error for r in records], "decode_s": [r.compute.get("decode_s") for r in records],
@@ -322,19 +322,13 @@ def judge(report: dict, requests: int, seed: int) -> None:
         cell["sim_pooled"] = sim_cell(layout, pooled, reqs, slo, share, cores, before, loop)
         cell["error_pooled"] = relative(cell["sim_pooled"], cell["live_mean"])
         cell["within_10pct"] = all(e is not None and abs(e) <= 0.10 for e in cell["error"].values())
-        runs = [at_run_speed(functools.partial(speed_cell, layout, profile, reqs, slo, share, cores, before, loop),
+        runs = [at_run_speed(functools.partial(sim_cell, layout, profile, reqs, slo, share, cores, before, loop),
                              live_compute(run["records"])) for run in cell["live_runs"]]
         cell["sim_run_speed"] = mean_figures(runs, list(METRICS) + ["slo_attainment", "ttft_mean_s"]) | {
             "runs": [{k: r[k] for k in ("speed", "compute_s", "live_compute_s", "compute_mismatch", "ttft_stages")} | {
                 m: r[m] for m in METRICS} for r in runs]}
         cell["error_run_speed"] = relative(cell["sim_run_speed"], cell["live_mean"])
         cell["within_10pct_run_speed"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_speed"].values())
-
-
-def speed_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO, hop_in_share: float | None,
-               stack_cores: dict[str, float], routed_before: int, loop_share: float, speed: tuple[float, float]) -> dict:
-    """sim_cell at `speed` (sim_fidelity_speed.at_run_speed's `simulate`)."""
-    return sim_cell(layout, profile, requests, slo, hop_in_share, stack_cores, routed_before, loop_share, speed)
 
 
 def hop_in_share(report: dict) -> float | None:

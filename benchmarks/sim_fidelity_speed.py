@@ -9,9 +9,10 @@ ratio is the host's speed in that run against the profile, for the encoder and f
 
 `at_run_speed` simulates a run at its own speed: the profile's encode and LLM times scaled by those ratios (the
 overheads and the transfers with the LLM's, as PerfModel.slowdown scales them), found by iterating (a scaled
-step changes how the engine batches, hence what the sums weigh) until the simulated compute matches the run's. Only the compute's total is taken from the run; when and how long requests wait, how the
-engine batches, the hops, the hand-offs and the stack's CPU stay the simulator's: what the figures judged
-(goodput, P50 TTFT, mean TPOT) test. Both readings are reported: at the profile's speed (`sim`), at each run's
+step changes how the engine batches, hence what the sums weigh) until the simulated compute matches the run's.
+Only the compute's total is taken from the run; when and how long requests wait, how the engine batches, the
+hops, the hand-offs and the stack's CPU stay the simulator's: what the figures judged (goodput, P50 TTFT, mean
+TPOT) test. Both readings are reported: at the profile's speed (`sim`), at each run's
 (`sim_run_speed`).
 """
 
@@ -72,4 +73,5 @@ def at_run_speed(simulate: Callable[[tuple[float, float]], dict], live: dict[str
 
 
 def mean_figures(runs: list[dict], keys: list[str]) -> dict[str, float]:
+    """The runs' simulated figures averaged, as the live side averages its two runs."""
     return {k: round(sum(r[k] for r in runs) / len(runs), 6) for k in keys}

@@ -12,7 +12,8 @@
   charges each request the wall time of the steps it was in, so equal sums mean the same steps).
 
 Every sample keeps the worker's compute time (what ServiceTimes models) and the wall time around it
-read from the hop marks (what ProfileOverheads models).
+read from the hop marks (what ProfileOverheads models). A fourth phase, what a request joining a running
+batch costs it, is profiling_admission.py.
 """
 
 from __future__ import annotations
