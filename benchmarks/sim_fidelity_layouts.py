@@ -67,11 +67,15 @@ ENGINE = EngineLimits(max_num_seqs=32, max_num_batched_tokens=4096, pad_to_longe
 LOAD_REPORT_S = 0.5
 """Live workers report their load with each heartbeat (coordinator/protocol/registry.py: every TTL / 4 =
 0.5 s), and the encode worker routes and steals on those reports."""
-STACK_PLACEMENT = "float"
-"""Simulator(stack_placement=...): each stack job on the core with the fewest busy workers as it starts
-(the OS waking the floating coordinator on an idle core), moved to a freer core once one is ("float", the
-OS's load balancing; "idlest" keeps it where it started). "share" (each job split by the measured shares,
-stack_shares) was judged too (2026-12-02): fewer cells within 10 % (sim_fidelity_layouts.md)."""
+STACK_PLACEMENT = "load"
+"""Simulator(stack_placement=...): each stack job on the core with the fewest busy workers as it starts, the
+stack's own busy jobs counted only after them, and moved to a freer core once one is ("load": the OS places a
+woken task by the cores' utilisation, and a pinned worker in a burst keeps its core to itself; measured by
+benchmarks/worker_cpu.py). "float" (every busy lane counts the same: a relay job beside another stack job
+spills onto the decode worker's core) put 0.05-0.15 ms a token of the stack into the combined workers' TPOT
+that the live workers do not show (benchmarks/results/sim_fidelity_s24/). "idlest" keeps a job where it started;
+"share" (each job split by the measured shares, stack_shares) was judged too (2026-12-02): fewer cells within
+10 % (sim_fidelity_layouts.md)."""
 
 RELAY_PER_STEP = True
 """Simulator(relay_per_step=...): the stack's token-relay CPU per engine step that published tokens (the
@@ -120,6 +124,14 @@ DECODE_PAIR_SHARING = 0.948
 decode worker, mostly decode steps): `python -m benchmarks.core_sharing --pairs decode+decode --rounds 3 --seconds 5
 --core 1` (benchmarks/results/sim_fidelity_s23/core_sharing_decode.json, 2026-12-06): 0.951, 0.914, 0.948. Two decode
 workers lose far less of a core than the pairs behind CORE_SHARING (encode, prefill: larger working sets)."""
+COMPUTE_STRETCHED = False
+"""Simulator(compute_stretched=...): count the simulated compute that a run's speed is read against
+(sim_fidelity_speed.py) with each forward at its wall length where its core is time-sliced, as a live timer around
+it would. Off: the live timers do see a neighbour's turn when two workers decode on one core without a pause
+(colocated_prefill's core 1: steps 1.2-1.9x their length alone, benchmarks/results/sim_fidelity_s24/worker_cpu_pair.json),
+but at the fidelity rates they saw far less of it than the simulated time-slicing gives: counted stretched, the
+runs' LLM speeds in colocated_prefill read 0.79-0.93 (against 1.02-1.12 unstretched) and the cells within 10 % at
+the runs' speed fell from 11 and 10 of 12 to 6 and 5 (benchmarks/results/sim_fidelity_s24/README.md)."""
 GROUP_SHARING = True
 """Simulate each layout's shared cores at their measured pair's share (Layout.group_sharing); `sim_fidelity
 --core-sharing X` turns it off: X on every time-sliced core."""
@@ -218,7 +230,7 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
                     stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
                     offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE,
                     core_sharing=CORE_SHARING, group_sharing=layout.group_sharing if GROUP_SHARING else (),
-                    record_compute=record_compute)
+                    record_compute=record_compute, compute_stretched=COMPUTE_STRETCHED)
     return sim.run(requests)
 
 

@@ -161,7 +161,8 @@ class Cluster:
         self.saturation_load = deployment.offload.saturation_load
         wakers = {n: gpus[n] if n in gpus else lanes[n].core for n in deployment.names if n in gpus or n in lanes}
         self.stack = Stack(self.events, service, self._stack_cores(stack_cores or {}, lanes, gpus),
-                           idlest=stack_placement in ("idlest", "float"), floating=stack_placement == "float",
+                           idlest=stack_placement in ("idlest", "float", "load"),
+                           floating=stack_placement in ("float", "load"), by_load=stack_placement == "load",
                            relay_per_step=relay_per_step, wakers=wakers if wake_affine else None,
                            loop_share=stack_loop_share)
 
@@ -282,7 +283,7 @@ class Simulator:
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
                  stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
                  core_sharing: float = 1.0, group_sharing: Sequence[float] = (),
-                 record_compute: bool = False) -> None:
+                 record_compute: bool = False, compute_stretched: bool = False) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -307,8 +308,8 @@ class Simulator:
         self.stack_cores = dict(stack_cores or {})
         """Node -> share of the coordinator's CPU spent on that node's core (sim_stack.py; shares are
         normalised, nodes on one core pool theirs); empty: its hops are delays."""
-        if stack_placement not in ("share", "idlest", "float"):
-            raise ValueError(f"stack_placement must be 'share', 'idlest' or 'float', got {stack_placement!r}")
+        if stack_placement not in ("share", "idlest", "float", "load"):
+            raise ValueError(f"stack_placement must be 'share', 'idlest', 'float' or 'load', got {stack_placement!r}")
         if offload_routed_before < 0:
             raise ValueError(f"offload_routed_before must be >= 0, got {offload_routed_before!r}")
         self.relay_per_step = relay_per_step
@@ -346,7 +347,14 @@ class Simulator:
         starts, as the OS places a woken floating process (shares only break ties); "float" is "idlest"
         whose running job also moves, once everything due at an instant has run, to a core with fewer other
         busy lanes than its own: the OS pulls a runnable floating process onto a freer core (load balancing),
-        so it is not time-sliced with a worker that merely started its next step while another core idles."""
+        so it is not time-sliced with a worker that merely started its next step while another core idles.
+        "load" is "float" where a core's busy workers weigh before the stack's own busy jobs: a stack job
+        queues beside another stack job (two short wake-ups time-slicing) rather than beside a worker that
+        computes, and moves off a worker's core once a core without a busy worker is free. Linux places a
+        woken task by the cores' utilisation, where a pinned worker in a burst keeps its core full: a
+        combined worker decoding with the stack relaying its tokens ran 0.99 of its wall time on its CPU
+        (benchmarks/worker_cpu.py), and the live decode cadence between forwards matches the profile's
+        engine overhead with nothing of the stack in it (benchmarks/results/sim_fidelity_s24/)."""
         if not 0.0 < core_sharing <= 1.0:
             raise ValueError(f"core_sharing must be in (0, 1], got core_sharing={core_sharing!r}")
         if len(group_sharing) > len(shared_cores) or any(not 0.0 < g <= 1.0 for g in group_sharing):
@@ -363,6 +371,9 @@ class Simulator:
         self.record_compute = record_compute
         """Sum the workers' compute seconds as the live workers report them (SimResult.compute_s; sim_compute.py):
         needs a service with `without_overheads()` (PerfModel)."""
+        self.compute_stretched = compute_stretched
+        """With record_compute: each forward counted at its wall length where its processor is time-sliced, as a
+        live worker's timer around it sees it (sim_compute.ComputeMeter.stretch); False: at its own length."""
         self.host_noise = host_noise
         """The host's speed varying over time (sim_noise.py): encode, prefill and decode steps take a factor of
         their profiled time that changes every `period_s`; None: always the profiled time."""
@@ -392,7 +403,7 @@ class Simulator:
             if bare is None:
                 raise ValueError(f"record_compute needs service times that can drop their overheads "
                                  f"(without_overheads(), as PerfModel has); {type(service).__name__} cannot")
-            cluster.meter = ComputeMeter(bare())
+            cluster.meter = ComputeMeter(bare(), self.compute_stretched)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
         if speed is not None:

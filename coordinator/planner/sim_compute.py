@@ -7,12 +7,14 @@ times. `ComputeMeter` sums the same from a simulation (Simulator(record_compute=
 from the service without overheads, weighted by the requests in it. The two sums side by side give the host's
 speed during a live run against the profile the simulation used (benchmarks/sim_fidelity_speed.py).
 
-Each forward counts at its own length, not stretched where the simulation time-slices its processor with
-another worker's: the live timers do not see that sharing. On 2026-12-06 the two LLM workers time-slicing
-colocated_prefill's core 1 reported decode steps of 1.51-1.68 ms, as epd's decode worker alone on its core
-(1.51-1.61), and the encoder beside a prefill worker 0.94-1.05x its profiled call: a step of a few
-milliseconds runs whole, and the other process's turn falls between steps (benchmarks/results/
-sim_fidelity_s23/). Counted stretched, the sums took the host for 7-28 % faster than it was there.
+By default each forward counts at its own length, not stretched where the simulation time-slices its
+processor with another worker's. At the fidelity runs' rates the live timers saw little of that sharing: on
+2026-12-06 the two LLM workers time-slicing colocated_prefill's core 1 reported decode steps of 1.51-1.68 ms,
+as epd's decode worker alone on its core (1.51-1.61), and the encoder beside a prefill worker 0.94-1.05x its
+profiled call (benchmarks/results/sim_fidelity_s23/). They do see it when both workers decode without a pause
+(steps 1.2-1.9x their length alone; benchmarks/worker_cpu.py --pair), so `stretched` counts each forward at
+its wall length instead (wall / work of its step); on the fidelity records that reading took the host for
+faster than it was (benchmarks/results/sim_fidelity_s24/), and it stays off there.
 """
 
 from __future__ import annotations
@@ -30,18 +32,28 @@ STAGES = ("encode", "prefill", "decode")
 class ComputeMeter:
     """Request-weighted compute seconds per stage (STAGES) of one simulated run."""
 
-    def __init__(self, compute: ServiceTimes) -> None:
+    def __init__(self, compute: ServiceTimes, stretched: bool = False) -> None:
         self.compute = compute
         """The run's service times without the serving stack's overheads (PerfModel.without_overheads)."""
+        self.stretched = stretched
+        """Count each forward at its wall length where the simulation time-slices its processor (`stretch`);
+        False: at its own length."""
         self.totals = dict.fromkeys(STAGES, 0.0)
+
+    def stretch(self, started: float, now: float, work_s: float) -> float:
+        """How much longer than its work a job that ran from `started` to `now` took (wall / work), as a live
+        timer around it sees it; 1.0 unless `stretched`."""
+        return (now - started) / work_s if self.stretched and work_s > 0 else 1.0
 
     def add(self, stage: str, seconds: float) -> None:
         """Request-weighted compute seconds of `stage`."""
         self.totals[stage] += seconds
 
-    def step(self, tier: str, plan: StepPlan, prefill_s: float) -> None:
-        """An engine step: its forwards (`prefill_s`, timed by the caller on `compute`, and its decode) count once
-        for each sequence it prefills and once for each it decodes, as each is charged the whole step live."""
+    def step(self, tier: str, plan: StepPlan, prefill_s: float, stretch: float = 1.0) -> None:
+        """An engine step: its forwards (`prefill_s`, timed by the caller on `compute`, and its decode; times
+        `stretch`) count once for each sequence it prefills and once for each it decodes, as each is charged
+        the whole step live."""
         decode = self.compute.decode_step_s(tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
-        self.totals["prefill"] += (prefill_s + decode) * len(plan.prefills)
-        self.totals["decode"] += (prefill_s + decode) * plan.decodes
+        forward = (prefill_s + decode) * stretch
+        self.totals["prefill"] += forward * len(plan.prefills)
+        self.totals["decode"] += forward * plan.decodes

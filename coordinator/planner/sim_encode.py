@@ -61,6 +61,8 @@ class EncodeNode:
         self._busy = False
         """E only: the GPU runs an encoder batch or a stolen step."""
         self._local_step_tokens = 0
+        self._encode_work = 0.0
+        """Seconds of work of the micro-batch being encoded (one at a time), for the compute meter."""
         if stealing is not None:
             stealing.observe_encode_queue(0, 0.0)
 
@@ -132,8 +134,7 @@ class EncodeNode:
             f.record.encode_start = now
             f.record.encode_batch = len(batch)
         work = self.cluster.encode_s(self.tier, batch)
-        if (meter := self.cluster.meter) is not None:
-            meter.add("encode", self.cluster.encode_s(self.tier, batch, meter.compute) * len(batch))
+        self._encode_work = work
         if self.gpu is not None:
             tokens = sum(f.record.request.embedding_tokens for f in batch)
             backlog = self.local.model.waiting_tokens + self._local_step_tokens
@@ -152,6 +153,9 @@ class EncodeNode:
         if ws is not None:
             ws.observe_remote_load(self.cluster.min_remote_load(), now)
         has_local = self.local is not None
+        if (meter := self.cluster.meter) is not None:
+            stretch = meter.stretch(batch[0].record.encode_start, now, self._encode_work)
+            meter.add("encode", self.cluster.encode_s(self.tier, batch, meter.compute) * len(batch) * stretch)
         for f in batch:
             f.record.encode_end = now
             if ws is not None and ws.should_keep(now):

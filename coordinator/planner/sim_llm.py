@@ -44,6 +44,8 @@ class Engine:
         self.host = host
         limits = cluster.deployment.engine
         self.model = EngineModel(role, limits.max_num_seqs, limits.max_num_batched_tokens, limits.pad_to_longest)
+        self._metered = (0.0, 0.0)
+        """(start, work seconds) of the step running, for the compute meter (sim_compute.py)."""
 
     def next_step(self, now: float) -> tuple[StepPlan, float, float]:
         """The next step and its prefill and decode seconds at the full GPU."""
@@ -58,8 +60,8 @@ class Engine:
                 decode += cost
         for f in plan.prefills:
             f.record.prefill_start = now
-        if (meter := self.cluster.meter) is not None:  # a started step always completes (coasts count their own)
-            meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0)
+        if self.cluster.meter is not None:  # a started step always completes (finish_step meters it; coasts their own)
+            self._metered = (now, prefill + decode)
         return plan, prefill, decode
 
     def admit_s(self) -> float:
@@ -82,6 +84,10 @@ class Engine:
         return batch(self.tier, lengths)
 
     def finish_step(self, plan: StepPlan, now: float) -> StepResult:
+        if (meter := self.cluster.meter) is not None:
+            started, work = self._metered
+            meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0,
+                       meter.stretch(started, now, work))
         out = self.model.complete(plan)
         stack = self.cluster.stack
         stack.tokens(plan.decodes + len(out.first_tokens), 1, self.node)

@@ -22,7 +22,9 @@ Two models of them:
   capacity of the workers beside it and its hops grow with load. An E+P node's (unpartitioned) processor
   takes the stack's lanes like a core. With `stack_placement="idlest"` each job runs whole on the core
   with the fewest other busy lanes as it starts (the OS waking a floating process on an idle core); the
-  shares only break ties, and the split over the cores emerges from the load (cpu_by_core).
+  shares only break ties, and the split over the cores emerges from the load (cpu_by_core). With
+  `stack_placement="load"` a core's busy workers count before the stack's own busy jobs there
+  (Simulator.stack_placement).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from coordinator.planner.sim_engine import Flight
 from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane
 
-StackPlacement = Literal["share", "idlest", "float"]
+StackPlacement = Literal["share", "idlest", "float", "load"]
 """How the stack's jobs spread over its cores (Simulator.stack_placement)."""
+STACK_LANES = ("stack hops", "stack")
+"""The names of the stack's own lanes on a processor (Simulator._stack_cores); every other lane is a worker's."""
 
 
 @dataclass(frozen=True)
@@ -55,17 +59,24 @@ class StackCore:
     """A node whose worker runs on this core (names the core in Stack.cpu_by_core)."""
 
 
-def _others_busy(lane: CoreLane) -> int:
-    return sum(other.busy for other in lane.core.lanes if other is not lane.lane)
+def _others_busy(lane: CoreLane, by_load: bool = False) -> tuple[int, int]:
+    """The busy lanes beside `lane` on its processor, as a key to order processors by: (busy workers, busy stack
+    lanes) with `by_load` (a busy worker weighs before any number of the stack's jobs), else (0, all of them)."""
+    others = [other for other in lane.core.lanes if other is not lane.lane and other.busy]
+    stack = sum(other.stage in STACK_LANES for other in others)
+    return (len(others) - stack, stack) if by_load else (0, len(others))
 
 
 class _Fifo:
     """Jobs in arrival order, one at a time; each runs as pieces (work x share) on its lanes in turn,
     or ("idlest") whole on the lane whose processor has the fewest other busy lanes as it starts."""
 
-    def __init__(self, pieces: Sequence[tuple[CoreLane, float]], idlest: bool = False) -> None:
+    def __init__(self, pieces: Sequence[tuple[CoreLane, float]], idlest: bool = False, by_load: bool = False) -> None:
         self.pieces = [(lane, share) for lane, share in pieces if share > 0]
         self.idlest = idlest
+        self.by_load = by_load
+        """("idlest") Order the processors by their busy workers first, the stack's busy lanes only after
+        (_others_busy; Simulator.stack_placement "load")."""
         self.jobs: deque[tuple[float, Callable[[Any], None] | None, Any, object]] = deque()
         self.busy = False
         self.charged: dict[str, float] = {}
@@ -101,7 +112,7 @@ class _Fifo:
     def _idlest(self, waker: object = None) -> CoreLane:
         """The lane whose processor has the fewest other busy lanes; ties: the waker's processor, then the
         larger share."""
-        return min(self.pieces, key=lambda p: (_others_busy(p[0]), p[0].core is not waker, -p[1]))[0]
+        return min(self.pieces, key=lambda p: (_others_busy(p[0], self.by_load), p[0].core is not waker, -p[1]))[0]
 
     def migrate(self) -> None:
         """("idlest") Move the running job to a core with fewer other busy lanes than its own, if there is
@@ -111,7 +122,7 @@ class _Fifo:
         if lane is None or not lane.busy:
             return
         best = self._idlest()
-        if best is lane or _others_busy(best) >= _others_busy(lane):
+        if best is lane or _others_busy(best, self.by_load) >= _others_busy(lane, self.by_load):
             return
         left, done, arg = lane.stop()
         self._charge(lane, -left)
@@ -146,7 +157,7 @@ class Stack:
     """The coordinator's two hops for every request, as delays or on cores (module docstring)."""
 
     def __init__(self, events: EventQueue, service: ServiceTimes, cores: Sequence[StackCore] = (),
-                 idlest: bool = False, floating: bool = False, relay_per_step: bool = False,
+                 idlest: bool = False, floating: bool = False, relay_per_step: bool = False, by_load: bool = False,
                  wakers: Mapping[str, object] | None = None, loop_share: float = 0.0) -> None:
         self.events = events
         if not 0.0 <= loop_share <= 1.0:
@@ -169,11 +180,11 @@ class Stack:
         self.request_cpu_s = max(0.0, per_request - self.way_in_s - 2 * self.way_out_s)
         """Stack CPU per request beyond its hops, charged when it finishes (a hop beyond the profile's
         per-request CPU is not taken from the tokens' share)."""
-        self._hops = _Fifo([(c.hops, c.share) for c in cores], idlest) if cores else None
+        self._hops = _Fifo([(c.hops, c.share) for c in cores], idlest, by_load) if cores else None
         """The coordinator's event loop: hop jobs in order; None: hops are plain delays."""
         self._node_of = {c.hops.core.name: c.node for c in cores}
         self._rest = [_Fifo([(c.rest, c.share)]) for c in cores] if not idlest else (
-            [_Fifo([(c.rest, c.share) for c in cores], idlest)] if cores else [])
+            [_Fifo([(c.rest, c.share) for c in cores], idlest, by_load)] if cores else [])
         """The stack's other CPU, one queue per core ("idlest": one queue over all of them)."""
         self._rebalancing = False
         if floating and idlest and len(cores) > 1:

@@ -52,14 +52,24 @@ def test_a_shared_step_counts_once_per_request_and_coasting_changes_nothing():
     assert coasting.compute_s["decode"] > 3 * alone.compute_s["decode"]   # four decoding together count four times
 
 
-def test_a_forward_on_a_shared_core_counts_at_its_own_length():
-    """E and P+D time-slice one core: while B is encoded A's steps take longer on the wall, but the live timers do
-    not see that sharing (sim_compute.py), so the sums are those of the unshared run."""
+def test_a_forward_on_a_shared_core_counts_at_its_own_length_unless_stretched():
+    """E and P+D time-slice one core: while B is encoded A's steps take longer on the wall. By default each forward
+    counts at its own length, so the sums are those of the unshared run; with compute_stretched at its wall length,
+    as a live timer around it would see it: B's encode and the steps beside it count longer, the rest the same."""
     requests = [SimRequest(0, 0.0, "image", 1, 196, 10, 40), SimRequest(1, 0.05, "image", 1, 196, 10, 2)]
     _, own = simulate(requests)
     _, shared = simulate(requests, shared_cores=[{"0-E-cpu", "1-P+D-cpu"}])
     assert shared.records[0].finish > own.records[0].finish            # the sharing is simulated
     assert shared.compute_s == pytest.approx(own.compute_s)
+    _, stretched = simulate(requests, shared_cores=[{"0-E-cpu", "1-P+D-cpu"}], compute_stretched=True)
+    _, alone_stretched = simulate(requests, compute_stretched=True)
+    assert alone_stretched.compute_s == pytest.approx(own.compute_s)   # nothing to stretch on cores of their own
+    assert stretched.compute_s["encode"] > own.compute_s["encode"]
+    assert stretched.compute_s["decode"] > own.compute_s["decode"]
+    extra = stretched.compute_s["encode"] - own.compute_s["encode"]
+    # B's encode (10 ms + the 2 ms batch overhead of work) ran at half the core beside A's steps: its 10 ms forward
+    # counts up to twice (A's steps stop and start inside it), never more
+    assert 0.0 < extra <= own.compute_s["encode"] / 2 + 1e-9
 
 
 def test_service_times_that_cannot_drop_their_overheads_are_refused():

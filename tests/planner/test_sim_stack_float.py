@@ -54,6 +54,48 @@ def test_a_floating_job_only_moves_to_a_core_with_fewer_busy_lanes():
     assert sum(fifo.charged.values()) == pytest.approx(0.1)
 
 
+def _two_cores():
+    events = EventQueue()
+    a, b = SharedCore(events, "a"), SharedCore(events, "b")
+    return events, a, b
+
+
+def test_by_load_a_stack_job_queues_beside_another_stack_job_rather_than_beside_a_computing_worker():
+    # Core a runs the coordinator's loop (a stack lane), core b a worker's step; both have one busy lane. "float"
+    # breaks the tie by share (b's larger) and time-slices the relay with the worker; "load" counts the worker
+    # first and puts the relay beside the loop, where the worker's step is left alone (benchmarks/worker_cpu.py).
+    from coordinator.planner.sim_stack import _Fifo
+
+    for by_load, core, worker_done in ((False, "b", 1.1), (True, "a", 1.0)):
+        events, a, b = _two_cores()
+        loop, worker = a.lane("stack hops"), b.lane("1-P+D-cpu")
+        fifo = _Fifo([(a.lane("stack"), 0.2), (b.lane("stack"), 0.8)], idlest=True, by_load=by_load)
+        ends = []
+        loop.run(1.0, lambda _: None, None)
+        worker.run(1.0, lambda _: ends.append(events.now), None)
+        fifo.submit(0.1, lambda _: None)
+        events.run()
+        assert list(fifo.charged) == [f"{core}"], by_load
+        assert ends == [pytest.approx(worker_done)]
+
+
+def test_by_load_a_stack_job_leaves_a_core_whose_worker_starts_for_one_with_only_stack_jobs():
+    from coordinator.planner.sim_stack import _Fifo
+
+    for by_load, moved in ((False, False), (True, True)):
+        events, a, b = _two_cores()
+        loop, worker = a.lane("stack hops"), b.lane("2-D-cpu")
+        fifo = _Fifo([(a.lane("stack"), 0.5), (b.lane("stack"), 0.5)], idlest=True, by_load=by_load)
+        loop.run(1.0, lambda _: None, None)
+        fifo.submit(0.4, lambda _: None)           # b is idle: the job starts there
+        assert fifo.running is not None and fifo.running.core is b
+        worker.run(1.0, lambda _: None, None)      # the worker wakes on its core
+        fifo.migrate()
+        assert (fifo.running.core is a) == moved, by_load
+        events.run()
+        assert sum(fifo.charged.values()) == pytest.approx(0.4)
+
+
 @dataclass(frozen=True)
 class RelayTable(HopTable):
     token_cpu: float = 0.0
