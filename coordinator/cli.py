@@ -18,6 +18,7 @@ from coordinator.oserve.replan_cli import run as run_replan
 from coordinator.planner.cli import add_parser as add_plan_parser
 from coordinator.planner.cli import add_profile_parser, run_profile
 from coordinator.planner.cli import run as run_plan
+from coordinator.planner.durations import duration_arg
 from coordinator.protocol.models import DEFAULT_MODEL_DIR
 from coordinator.redis_server import RedisNotFound, free_port
 
@@ -70,7 +71,8 @@ def add_cluster_args(p: argparse.ArgumentParser, default_port: int | None) -> No
     api.add_argument("--max-image-pixels", type=int, help="largest width*height accepted (default: 16 Mi)")
     api.add_argument("--allowed-local-media-dir", action="append", default=[],
                      help="directory image_url may name local files under (repeatable; default: none)")
-    api.add_argument("--request-timeout", type=float, help="seconds before a request is answered 504 (default: 120)")
+    api.add_argument("--request-timeout", type=duration_arg("--request-timeout"), metavar="TIME",
+                     help="time before a request is answered 504, with its unit (e.g. 60s; default: 120s)")
     api.add_argument("--batch-policy", choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"],
                      help="encode micro-batching policy (default: adaptive, work-conserving)")
     api.add_argument("--max-batch", type=int, help="B: most requests per encode micro-batch (default: 8)")
@@ -97,7 +99,8 @@ def coordinator_flags(a: argparse.Namespace) -> list[str]:
     for name in ("max_image_bytes", "max_images_per_request", "max_image_pixels", "request_timeout", "batch_policy",
                  "max_batch", "offload_share", "max_in_flight", "migration_limit"):
         if getattr(a, name) is not None:
-            flags += [f"--{name.replace('_', '-')}", str(getattr(a, name))]
+            value = getattr(a, name)
+            flags += [f"--{name.replace('_', '-')}", f"{value!r}s" if name == "request_timeout" else str(value)]
     for d in a.allowed_local_media_dir:
         flags += ["--allowed-local-media-dir", d]
     if getattr(a, "steal", False):

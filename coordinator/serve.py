@@ -9,6 +9,7 @@ from pathlib import Path
 
 from coordinator.auth import SecretError, bind_refusal, is_loopback, load_secrets
 from coordinator.config import SERVING_BATCH, CoordinatorConfig
+from coordinator.planner.durations import duration_arg
 from coordinator.protocol import envs
 from coordinator.policies.base import BatchPolicyConfig, OffloadConfig, PolicyConfig
 from coordinator.policies.sm_partition import SMPartitionConfig
@@ -53,7 +54,8 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reply-port", type=int, default=0, help="the reply link's TCP port (default: any free one)")
     p.add_argument("--allowed-local-media-dir", type=Path, action="append", default=[],
                    help="directory image_url may name local files under (repeatable)")
-    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
+    p.add_argument("--request-timeout", type=duration_arg("--request-timeout"), default=120.0, metavar="TIME",
+                   help="time before a request is answered 504, with its unit (us, ms, s, min; e.g. 60s; default: 120s)")
     p.add_argument("--migration-limit", type=int, default=3,
                    help="most re-runs of a request whose worker died before it finished (default: %(default)s)")
     p.add_argument("--max-in-flight", type=int, default=256,
@@ -75,8 +77,10 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
                    choices=["pass_through", "fixed_timeout", "queue_length", "adaptive"], help="(default: %(default)s)")
     b.add_argument("--max-batch", type=int, default=8, help="B: most requests per micro-batch (default: %(default)s)")
     b.add_argument("--fill-probability", type=float, default=0.6, help="adaptive's p (default: %(default)s)")
-    b.add_argument("--max-wait", type=float, default=1.0, help="A: cap on a batch's age in s (default: %(default)s)")
-    b.add_argument("--batch-timeout", type=float, default=0.05, help="fixed_timeout's timeout in s")
+    b.add_argument("--max-wait", type=duration_arg("--max-wait"), default=1.0, metavar="TIME",
+                   help="A: cap on a batch's age, with its unit (e.g. 500ms; default: 1s)")
+    b.add_argument("--batch-timeout", type=duration_arg("--batch-timeout"), default=0.05, metavar="TIME",
+                   help="fixed_timeout's timeout, with its unit (e.g. 20ms; default: 50ms)")
     b.add_argument("--queue-length", type=int, default=4, help="queue_length's trigger")
     b.add_argument("--work-conserving", action=argparse.BooleanOptionalAction, default=SERVING_BATCH.work_conserving,
                    help="fixed_timeout, queue_length, adaptive: also release what waits whenever the encoder is idle, "

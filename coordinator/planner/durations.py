@@ -3,8 +3,10 @@
 Every duration may carry a unit (us, ms, s, min). A bare number means milliseconds where the flag is a
 latency target (SLO: `--slo ttft=2000` and `--goodput ttft:2000` are both two seconds, as in vLLM's
 `--goodput`); flags that read seconds before this rule existed (bench's `--timeout` and `--duration`, the SLO
-flags of benchmarks/sim_fidelity.py and benchmarks/control_point.py) refuse a bare number instead, so an old
-`--timeout 300` or `--slo-ttft 0.2` stops with a message rather than silently becoming milliseconds.
+flags of benchmarks/sim_fidelity.py and benchmarks/control_point.py, the coordinator's `--request-timeout`,
+`--max-wait` and `--batch-timeout`) refuse a bare number instead, so an old `--timeout 300` or `--slo-ttft 0.2`
+stops with a message rather than silently becoming milliseconds. (Flags whose name carries the unit, as
+`--drain-timeout-s`, read that unit.)
 """
 
 from __future__ import annotations

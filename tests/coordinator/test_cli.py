@@ -137,3 +137,37 @@ def test_work_conserving_batching_goes_from_up_to_the_coordinators_policy():
     assert policy(["--batch-policy", "pass_through"]).name == "pass_through"
     flags = coordinator_flags(up.parse_args(["--batch-policy", "fixed_timeout", "--work-conserving"]))
     assert flags == ["--batch-policy", "fixed_timeout", "--work-conserving"]
+
+
+def test_times_on_the_coordinators_command_line_carry_their_units():
+    """--request-timeout, --max-wait and --batch-timeout read a time with its unit and refuse a bare number (they
+    read bare seconds before, so an old `--request-timeout 60` stops with the fix rather than meaning 60 ms);
+    `tierserve up` passes its --request-timeout on with the unit."""
+    import argparse
+
+    from coordinator.cli import add_cluster_args, coordinator_flags
+    from coordinator.serve import add_coordinator_args, config_from_args
+
+    serve = argparse.ArgumentParser(exit_on_error=False)
+    add_coordinator_args(serve)
+    cfg = config_from_args(serve.parse_args(["--request-timeout", "90s", "--max-wait", "250ms",
+                                             "--batch-timeout", "20ms"]), "redis://127.0.0.1:1/0")
+    assert cfg.request_timeout_s == pytest.approx(90.0)
+    assert cfg.policy.batch.max_wait_s == pytest.approx(0.25) and cfg.policy.batch.timeout_s == pytest.approx(0.02)
+    default = config_from_args(serve.parse_args([]), "redis://127.0.0.1:1/0")
+    assert default.request_timeout_s == 120.0 and default.policy.batch.max_wait_s == 1.0
+    for flag in ("--request-timeout", "--max-wait", "--batch-timeout"):
+        with pytest.raises(argparse.ArgumentError, match=r"has no unit; write a number with a unit .*e\.g\. 60s"):
+            serve.parse_args([flag, "60"])
+    up = argparse.ArgumentParser()
+    add_cluster_args(up, None)
+    flags = coordinator_flags(up.parse_args(["--request-timeout", "1.5min"]))
+    assert flags == ["--request-timeout", "90.0s"]
+    assert config_from_args(serve.parse_args(flags), "redis://127.0.0.1:1/0").request_timeout_s == pytest.approx(90.0)
+
+
+def test_serve_refuses_a_bare_request_timeout_with_the_fix():
+    r = subprocess.run([sys.executable, "-m", "coordinator.serve", "--request-timeout", "60"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--request-timeout='60' has no unit" in r.stderr and "60s" in r.stderr
