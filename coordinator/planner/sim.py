@@ -58,7 +58,7 @@ from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
 from coordinator.planner.sim_noise import HostNoise, HostSpeed, NoisyService
-from coordinator.planner.sim_stack import Stack, StackCore, StackPlacement
+from coordinator.planner.sim_stack import STACK_LANES, Stack, StackCore, StackPlacement
 from coordinator.planner.workload import SimRequest
 from coordinator.protocol.roles import LLM_ROLE_OF_NODE, STAGES_OF_NODE
 from coordinator.policies.offload import OffloadCounts, OffloadRouter
@@ -178,7 +178,7 @@ class Cluster:
             _, before, first = by_core.get(id(proc), (proc, 0.0, name))
             by_core[id(proc)] = (proc, before + share / total, first)
         first = self.stack_preempts
-        return [StackCore(proc.lane("stack hops", first), proc.lane("stack", first), share, node)
+        return [StackCore(proc.lane(STACK_LANES[0], first), proc.lane(STACK_LANES[1], first), share, node)
                 for proc, share, node in by_core.values()]
 
     def _core_lanes(self, shared_cores: Sequence[Collection[str]], stack_cores: Mapping[str, float]
