@@ -72,7 +72,7 @@ STACK_PLACEMENT = "load"
 stack's own busy jobs counted only after them, and moved to a freer core once one is ("load": the OS places a
 woken task by the cores' utilisation, and a pinned worker in a burst keeps its core to itself; measured by
 benchmarks/worker_cpu.py). "float" (every busy lane counts the same: a relay job beside another stack job
-spills onto the decode worker's core) put 0.05-0.15 ms a token of the stack into the combined workers' TPOT
+spills onto the decode worker's core) put 0.1-0.15 ms a token of the stack into the combined workers' TPOT
 that the live workers do not show (benchmarks/results/sim_fidelity_s24/). "idlest" keeps a job where it started;
 "share" (each job split by the measured shares, stack_shares) was judged too (2026-12-02): fewer cells within
 10 % (sim_fidelity_layouts.md)."""
