@@ -181,7 +181,11 @@ def test_profile_a_live_cluster(live_cluster, tmp_path):
     o = p.overheads
     assert o.request_latency_s > 0 and o.hop_s > 0 and o.shared_cores >= 1 and o.stack_cpu_request_s > 0
     joined = [n for n in outcome.notes if n.startswith("admission:")]
-    assert o.admit_s > 0 or joined, outcome.notes    # measured, or the note says why not
+    # measured: the time between steps a join adds, >= 0 (a join within the noise reads 0; on 2026-12-06 the
+    # profiles measured 0-1.39 ms), far below 50 ms; with no clean joined burst (the one
+    # repeat here) the note says so and the charge is 0
+    assert 0.0 <= o.admit_s < 0.05, outcome.notes
+    assert not joined or o.admit_s == 0.0, outcome.notes
     assert sum(ticks) == planned_measurements(SMALL, stack=True)
     assert httpx.get(f"{live_cluster.url}/v1/admin/policy", timeout=10).json() == before   # policy restored
     loaded = Profile.load(p.save(tmp_path / "cpu.json"))
