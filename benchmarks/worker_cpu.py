@@ -32,20 +32,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.bench.report import write_json
+from benchmarks.process_profile import cpu_seconds
 from coordinator.launcher import ClusterSpec, LocalCluster
 from coordinator.planner.live_http import ask, chat_body, served_model
 from coordinator.planner.replay import ReplayRecord, stream_request
 from coordinator.planner.workload import SimRequest
 from coordinator.redis_server import free_port
 
-TICKS = os.sysconf("SC_CLK_TCK")
 PAIR_ROUTES = ((0.0, "P+D alone"), (1.0, "D alone"), (0.5, "both"))
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 async def burst(client: httpx.AsyncClient, model: str, n: int, out: int, image: bool) -> list[ReplayRecord]:
@@ -86,13 +80,13 @@ async def measure(url: str, pids: dict[str, int], plan: list[tuple[float | None,
                 policy["offload"]["s"] = s
                 (await client.put("/v1/admin/policy", json=policy)).raise_for_status()
                 await asyncio.sleep(1.2)  # the encode worker reads the knobs once a second
-            before = {k: cpu_s(p) for k, p in pids.items()}
+            before = {k: cpu_seconds(p) for k, p in pids.items()}
             t0 = time.perf_counter()
             records = await burst(client, model, n, out, image)
             wall = time.perf_counter() - t0
             rows.append({"s": s, "batch": n, "wall_s": round(wall, 4),
                          "wall_per_step_ms": round(wall / out * 1e3, 3),
-                         "cpu_per_wall": {k: round((cpu_s(p) - before[k]) / wall, 3) for k, p in pids.items()},
+                         "cpu_per_wall": {k: round((cpu_seconds(p) - before[k]) / wall, 3) for k, p in pids.items()},
                          "requests": per_request(records)})
             progress.advance(task)
             await asyncio.sleep(0.5)

@@ -62,9 +62,14 @@ class StackCore:
 def _others_busy(lane: CoreLane, by_load: bool = False) -> tuple[int, int]:
     """The busy lanes beside `lane` on its processor, as a key to order processors by: (busy workers, busy stack
     lanes) with `by_load` (a busy worker weighs before any number of the stack's jobs), else (0, all of them)."""
-    others = [other for other in lane.core.lanes if other is not lane.lane and other.busy]
-    stack = sum(other.stage in STACK_LANES for other in others)
-    return (len(others) - stack, stack) if by_load else (0, len(others))
+    workers = stack = 0
+    for other in lane.core.lanes:  # on every placement and rebalance: no list built
+        if other.busy and other is not lane.lane:
+            if other.stage in STACK_LANES:
+                stack += 1
+            else:
+                workers += 1
+    return (workers, stack) if by_load else (0, workers + stack)
 
 
 class _Fifo:

@@ -49,21 +49,21 @@ def profile() -> Profile:
 @pytest.mark.parametrize("name", ["epd", "stealing"])
 def test_a_run_at_a_known_speed_is_simulated_back_at_it(name, profile):
     """The encoder's speed exactly, the LLM's within 3 % (the simulation is discrete: ITERATIONS), the compute
-    within 2.5 %; P50 TTFT and mean TPOT within 4 % (on 40 requests a speed 0.5 % off moves epd's P50 TTFT at
-    6 req/s by 3.7 %), but for stealing at its top rate (9 req/s, its saturation on this host), where a step more
-    or less flips which requests are stolen (TPOT +3.8 % at 1.44)."""
-    report = simulated_report(name, profile, 40, seed=3, speed=(1.25, 1.4), record_compute=True)
-    judge(report, 40, 3)
+    within 2 %; P50 TTFT and mean TPOT within 2 %, but for stealing at its top rate (9 req/s, its saturation on
+    this host), where a step more or less flips which requests are stolen (TPOT +3.8 % at 1.44). 80 requests a
+    rate: on 40 a speed 0.5 % off moved epd's P50 TTFT at 6 req/s by 3.7 % (the stack's "load" placement)."""
+    report = simulated_report(name, profile, 80, seed=3, speed=(1.25, 1.4), record_compute=True)
+    judge(report, 80, 3)
     for i, cell in enumerate(report["cells"]):
         for run in cell["sim_run_speed"]["runs"]:
-            assert all(abs(m) < 0.025 for m in run["compute_mismatch"].values()), run["compute_mismatch"]
+            assert all(abs(m) < 0.02 for m in run["compute_mismatch"].values()), run["compute_mismatch"]
             assert run["speed"]["encode"] == pytest.approx(1.25, rel=0.001)
             assert run["speed"]["llm"] == pytest.approx(1.4, rel=0.001 if i == 0 else 0.03)
         errors = cell["error_run_speed"]
         if name == "epd" or i < 2:
-            assert abs(errors["ttft_p50_s"]) < 0.04 and abs(errors["tpot_mean_s"]) < 0.04, errors
+            assert abs(errors["ttft_p50_s"]) < 0.02 and abs(errors["tpot_mean_s"]) < 0.02, errors
         assert cell["error"]["tpot_mean_s"] < -0.15              # at the profile's speed it is too fast
-    table = markdown({"command": "x", "date": "d", "requests_per_rate": 40, "seed": 3, "machine": "m",
+    table = markdown({"command": "x", "date": "d", "requests_per_rate": 80, "seed": 3, "machine": "m",
                       "layouts": [report]})
     assert "At each live run's own speed" in table and "1.25, 1.40" in table
     assert "0 of 3 at the profiles' speed" in table

@@ -1,4 +1,5 @@
-"""benchmarks/worker_cpu.py's readings: a process's CPU seconds, and which worker decoded each request."""
+"""benchmarks/worker_cpu.py's readings: a process's CPU seconds (process_profile.cpu_seconds, which it reads), and
+which worker decoded each request."""
 
 from __future__ import annotations
 
@@ -7,19 +8,20 @@ import time
 
 import pytest
 
-from benchmarks.worker_cpu import cpu_s, main, per_request
+from benchmarks.process_profile import cpu_seconds
+from benchmarks.worker_cpu import main, per_request
 from coordinator.planner.replay import ReplayRecord
 from coordinator.planner.workload import SimRequest
 
 
 def test_cpu_seconds_grow_with_work_and_not_with_sleep():
-    before = cpu_s(os.getpid())
+    before = cpu_seconds(os.getpid())
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 0.3:
         pass
-    busy = cpu_s(os.getpid()) - before
+    busy = cpu_seconds(os.getpid()) - before
     time.sleep(0.3)
-    slept = cpu_s(os.getpid()) - before - busy
+    slept = cpu_seconds(os.getpid()) - before - busy
     assert busy == pytest.approx(0.3, abs=0.1)
     assert slept < 0.05
 
