@@ -46,6 +46,7 @@ from rich.console import Console
 
 from benchmarks.sim_fidelity import rounded, workload
 from benchmarks.sim_fidelity_speed import at_run_speed, live_compute, mean_figures
+from benchmarks.sim_fidelity_trace import TRACE_BINS, at_run_trace, live_windows, trace_window_s
 from coordinator.launcher import ClusterSpec
 from coordinator.planner.arch import get_arch
 from coordinator.planner.catalog import load_catalog
@@ -55,7 +56,7 @@ from coordinator.planner.perf import PerfModel
 from coordinator.planner.profile import Profile, pool_profiles
 from coordinator.planner.replay import ReplayRecord, summarize_replay
 from coordinator.planner.sim import SimResult, Simulator
-from coordinator.planner.sim_noise import HostNoise
+from coordinator.planner.sim_noise import HostNoise, HostTrace
 from coordinator.planner.ttft_stages import STAGES, sim_stages
 from coordinator.planner.workload import SimRequest
 from coordinator.redis_server import free_port
@@ -210,12 +211,14 @@ LAYOUTS = {l.name: l for l in (
 def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None,
              stack_cores: dict[str, float] | None = None, placement: str | None = None,
              routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
-             speed: tuple[float, float] = (1.0, 1.0), record_compute: bool = False) -> SimResult:
+             speed: tuple[float, float] = (1.0, 1.0), record_compute: bool = False,
+             trace: HostTrace | None = None) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
     measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
     (stack_shares), evenly over `layout.core_nodes` when not given; `speed`: the encoder's and the LLM
     workers' times as multiples of the profile's (sim_fidelity_speed.py); `record_compute`: sum the workers'
-    compute as live workers report it (SimResult.compute_s)."""
+    compute as live workers report it (SimResult.compute_s, and per window of `trace` with one);
+    `trace`: the host's speed over the run, on top of `speed` (sim_fidelity_trace.py)."""
     arch = get_arch(profile.model)
     if stack_cores is None:
         stack_cores = {n: 1.0 / len(layout.core_nodes) for n in layout.core_nodes}
@@ -230,7 +233,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
                     stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
                     offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE,
                     core_sharing=CORE_SHARING, group_sharing=layout.group_sharing if GROUP_SHARING else (),
-                    record_compute=record_compute, compute_stretched=COMPUTE_STRETCHED)
+                    record_compute=record_compute, compute_stretched=COMPUTE_STRETCHED,
+                    compute_window_s=trace.window_s / TRACE_BINS if trace is not None else 0.0, host_trace=trace)
     return sim.run(requests)
 
 
@@ -249,9 +253,9 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
              hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None,
              routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
-             speed: tuple[float, float] = (1.0, 1.0)) -> dict:
+             speed: tuple[float, float] = (1.0, 1.0), trace: HostTrace | None = None) -> dict:
     result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before,
-                      loop_share=loop_share, speed=speed, record_compute=True)
+                      loop_share=loop_share, speed=speed, record_compute=True, trace=trace)
     total = sum(result.stack_cpu_s.values())
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
@@ -261,7 +265,8 @@ def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: 
                                                                result.stack_cpu_s.items()} if total else {},
                                            "spread": spread([r.ttft for r in result.records],
                                                             [r.tpot for r in result.records]),
-                                           "compute_s": {k: round(v, 4) for k, v in result.compute_s.items()}}
+                                           "compute_s": {k: round(v, 4) for k, v in result.compute_s.items()}} | (
+        {"compute_windows": result.compute_windows} if trace is not None else {})
 
 
 SPREAD = (10, 50, 75, 90)
@@ -341,6 +346,17 @@ def judge(report: dict, requests: int, seed: int) -> None:
                 m: r[m] for m in METRICS} for r in runs]}
         cell["error_run_speed"] = relative(cell["sim_run_speed"], cell["live_mean"])
         cell["within_10pct_run_speed"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_speed"].values())
+        traced = []
+        for run, at_speed in zip(cell["live_runs"], runs):
+            speed, window = (at_speed["speed"]["encode"], at_speed["speed"]["llm"]), trace_window_s(run["records"])
+            traced.append(at_run_trace(
+                functools.partial(sim_cell, layout, profile, reqs, slo, share, cores, before, loop, speed),
+                live_windows(run["records"], window), window) | {"speed": at_speed["speed"]})
+        cell["sim_run_trace"] = mean_figures(traced, list(METRICS) + ["slo_attainment", "ttft_mean_s"]) | {
+            "runs": [{k: r[k] for k in ("speed", "trace", "trace_mismatch")} | {m: r[m] for m in METRICS}
+                     for r in traced]}
+        cell["error_run_trace"] = relative(cell["sim_run_trace"], cell["live_mean"])
+        cell["within_10pct_run_trace"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_trace"].values())
 
 
 def hop_in_share(report: dict) -> float | None:

@@ -42,6 +42,8 @@ def markdown(result: dict) -> str:
         tally = f"{sum(c['within_10pct'] for c in cells)} of {len(cells)} at the profiles' speed"
         if all("within_10pct_run_speed" in c for c in cells):
             tally += f", {sum(c['within_10pct_run_speed'] for c in cells)} of {len(cells)} at each run's own speed"
+        if all("within_10pct_run_trace" in c for c in cells):
+            tally += f", {sum(c['within_10pct_run_trace'] for c in cells)} of {len(cells)} at each run's speed over time"
         lines += ["", f"Cells with all three figures within 10 %: {tally}."]
     return "\n".join(lines) + "\n"
 
@@ -67,34 +69,26 @@ def layout_section(rep: dict) -> list[str]:
     lines = ["", f"## {rep['layout']}: {rep['about']}", "",
              (f"Simulated as `{rep['deployment_simulated']}`, knobs `{rep['knobs']}`{cores}, "
               f"stack's CPU by core {rep.get('stack_cores_simulated')}, hop_in_share {rep.get('hop_in_share')}. "
-              f"SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms."), "",
-             ("| rate req/s | goodput/s live / sim (err, noise) | P50 TTFT ms live / sim (err, noise) | "
-              "mean TPOT ms live / sim (err, noise) | attainment live / sim | load avg (others' CPU, cores) per run |"),
-             "| --- | --- | --- | --- | --- | --- |"]
-    for c in rep["cells"]:
-        live, sim, err, noise = c["live_mean"], c["sim"], c["error"], c["noise_floor"]
+              f"SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms."), ""]
 
-        loads = "; ".join(f"{r['load_average'][0][0]:.2f}-{r['load_average'][1][0]:.2f}"
-                          + (f" ({r['foreign_cpu_cores']:.2f})" if "foreign_cpu_cores" in r else "")
-                          for r in c["live_runs"])
-        cols = [_cell(live, sim, err, noise, k, scale, fmt)
-                for k, scale, fmt in (("goodput_rps", 1, ".2f"), ("ttft_p50_s", 1e3, ".1f"), ("tpot_mean_s", 1e3, ".2f"))]
-        lines.append(f"| {c['rate']:g} | {' | '.join(cols)} | {live['slo_attainment']:.0%} / "
-                     f"{sim['slo_attainment']:.0%} | {loads} |")
+    def loads(c: dict) -> str:
+        return "; ".join(f"{r['load_average'][0][0]:.2f}-{r['load_average'][1][0]:.2f}"
+                         + (f" ({r['foreign_cpu_cores']:.2f})" if "foreign_cpu_cores" in r else "") for r in c["live_runs"])
+
+    lines += _table(rep["cells"], "sim", "error", "load avg (others' CPU, cores) per run", loads)
     if all("sim_run_speed" in c for c in rep["cells"]):
         lines += ["", ("At each live run's own speed (sim_fidelity_speed.py: the profile's encode and LLM times scaled "
                        "until the simulated compute, summed as the workers report it, is the run's; the two runs "
-                       "simulated apart and their figures averaged):"), "",
-                  ("| rate req/s | goodput/s live / sim (err, noise) | P50 TTFT ms live / sim (err, noise) | "
-                   "mean TPOT ms live / sim (err, noise) | attainment live / sim | speed per run (encode, LLM) |"),
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for c in rep["cells"]:
-            live, sim, err, noise = c["live_mean"], c["sim_run_speed"], c["error_run_speed"], c["noise_floor"]
-            cols = [_cell(live, sim, err, noise, k, scale, fmt)
-                    for k, scale, fmt in (("goodput_rps", 1, ".2f"), ("ttft_p50_s", 1e3, ".1f"), ("tpot_mean_s", 1e3, ".2f"))]
-            speeds = "; ".join(f"{r['speed']['encode']:.2f}, {r['speed']['llm']:.2f}" for r in sim["runs"])
-            lines.append(f"| {c['rate']:g} | {' | '.join(cols)} | {live['slo_attainment']:.0%} / "
-                         f"{sim['slo_attainment']:.0%} | {speeds} |")
+                       "simulated apart and their figures averaged):"), ""]
+        lines += _table(rep["cells"], "sim_run_speed", "error_run_speed", "speed per run (encode, LLM)",
+                        lambda c: "; ".join(f"{r['speed']['encode']:.2f}, {r['speed']['llm']:.2f}"
+                                            for r in c["sim_run_speed"]["runs"]))
+    if all("sim_run_trace" in c for c in rep["cells"]):
+        lines += ["", ("At each live run's speed over time (sim_fidelity_trace.py: the run's speed per window, "
+                       "read from the workers' timers window by window; the two runs simulated apart and averaged):"), ""]
+        lines += _table(rep["cells"], "sim_run_trace", "error_run_trace", "LLM factor per window, run 1; run 2",
+                        lambda c: "; ".join(" ".join(f"{r['speed']['llm'] * f:.2f}" for f in r["trace"]["llm"])
+                                            for r in c["sim_run_trace"]["runs"]))
     if all("live_spread" in c for c in rep["cells"]):
         q = "/".join(f"p{x}" for x in SPREAD)
         lines += ["", f"Spread, ms ({q}), live / sim: " + "; ".join(
@@ -117,6 +111,20 @@ def layout_section(rep: dict) -> list[str]:
     lines += ["", f"Errors with all of this layout's profiles pooled (goodput, P50 TTFT, mean TPOT): {pooled}"]
     if rep.get("notes"):
         lines += ["", *rep["notes"]]
+    return lines
+
+
+def _table(cells: list[dict], sim_key: str, error_key: str, last: str, last_cell) -> list[str]:
+    """Per rate: live / simulated goodput, P50 TTFT and mean TPOT (error, noise floor), attainment, and `last`."""
+    lines = [("| rate req/s | goodput/s live / sim (err, noise) | P50 TTFT ms live / sim (err, noise) | "
+              f"mean TPOT ms live / sim (err, noise) | attainment live / sim | {last} |"),
+             "| --- | --- | --- | --- | --- | --- |"]
+    for c in cells:
+        live, sim, err, noise = c["live_mean"], c[sim_key], c[error_key], c["noise_floor"]
+        cols = [_cell(live, sim, err, noise, k, scale, fmt)
+                for k, scale, fmt in (("goodput_rps", 1, ".2f"), ("ttft_p50_s", 1e3, ".1f"), ("tpot_mean_s", 1e3, ".2f"))]
+        lines.append(f"| {c['rate']:g} | {' | '.join(cols)} | {live['slo_attainment']:.0%} / "
+                     f"{sim['slo_attainment']:.0%} | {last_cell(c)} |")
     return lines
 
 

@@ -14,6 +14,7 @@ Only the compute's total is taken from the run; when and how long requests wait,
 hops, the hand-offs and the stack's CPU stay the simulator's: what the figures judged (goodput, P50 TTFT, mean
 TPOT) test. Both readings are reported: at the profile's speed (`sim`), at each run's
 (`sim_run_speed`).
+The same timers read window by window give the host's speed over the run: sim_fidelity_trace.py.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def live_compute(saved: dict[str, list]) -> dict[str, float]:
     return {stage: sum(saved[f"{stage}_s"][i] or 0.0 for i in ok) for stage in STAGES if f"{stage}_s" in saved}
 
 
-def _calibrated(live: dict[str, float], simulated: dict[str, float]) -> dict[str, tuple[float, float]]:
+def calibrated(live: dict[str, float], simulated: dict[str, float]) -> dict[str, tuple[float, float]]:
     """(live, simulated) compute of what each factor answers for: the encoder's encode, the LLM's prefill +
     decode (the stages the live run holds)."""
     stages = [s for s in ("prefill", "decode") if s in live]
@@ -43,15 +44,15 @@ def _calibrated(live: dict[str, float], simulated: dict[str, float]) -> dict[str
 
 
 def speed_factors(live: dict[str, float], simulated: dict[str, float], speed: tuple[float, float]) -> tuple[float, float]:
-    """`speed` corrected once by the live / simulated compute (_calibrated); a factor with nothing to compare stays."""
-    pairs = _calibrated(live, simulated)
+    """`speed` corrected once by the live / simulated compute (calibrated); a factor with nothing to compare stays."""
+    pairs = calibrated(live, simulated)
     return tuple(f * (pairs[k][0] / pairs[k][1] if pairs[k][0] and pairs[k][1] else 1.0)
                  for f, k in zip(speed, ("encode", "llm")))
 
 
 def mismatch(live: dict[str, float], simulated: dict[str, float]) -> dict[str, float]:
-    """simulated / live - 1 for what each factor answers for (_calibrated)."""
-    return {k: sim / run - 1 for k, (run, sim) in _calibrated(live, simulated).items() if run and sim}
+    """simulated / live - 1 for what each factor answers for (calibrated)."""
+    return {k: sim / run - 1 for k, (run, sim) in calibrated(live, simulated).items() if run and sim}
 
 
 def at_run_speed(simulate: Callable[[tuple[float, float]], dict], live: dict[str, float]) -> dict:
@@ -75,3 +76,4 @@ def at_run_speed(simulate: Callable[[tuple[float, float]], dict], live: dict[str
 def mean_figures(runs: list[dict], keys: list[str]) -> dict[str, float]:
     """The runs' simulated figures averaged, as the live side averages its two runs."""
     return {k: round(sum(r[k] for r in runs) / len(runs), 6) for k in keys}
+

@@ -45,6 +45,7 @@ Modelling choices (and limits):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +58,7 @@ from coordinator.planner.sim_events import EventQueue
 from coordinator.planner.sim_gpu import CoreLane, SharedCore, SharedGPU
 from coordinator.planner.sim_encode import EncodeNode
 from coordinator.planner.sim_llm import LLMNode
-from coordinator.planner.sim_noise import HostNoise, HostSpeed, NoisyService
+from coordinator.planner.sim_noise import HostNoise, HostSpeed, HostTrace, NoisyService
 from coordinator.planner.sim_stack import STACK_LANES, Stack, StackCore, StackPlacement
 from coordinator.planner.workload import SimRequest
 from coordinator.protocol.roles import LLM_ROLE_OF_NODE, STAGES_OF_NODE
@@ -99,6 +100,9 @@ class SimResult:
     compute_s: dict[str, float] = field(default_factory=dict)
     """With record_compute: request-weighted compute seconds per stage, as live workers report them
     (sim_compute.py); empty otherwise."""
+    compute_windows: dict[int, dict[str, float]] = field(default_factory=dict)
+    """With record_compute and compute_window_s: compute_s per window of simulated time (window index -> stage ->
+    seconds, of the forwards that ended in it); empty otherwise."""
 
     def summary(self, slo: SLO, price_per_hour: Mapping[str, float] | None = None) -> Summary:
         """Goodput etc. under `slo`; `price_per_hour` by node name (Deployment.node_prices)."""
@@ -283,7 +287,8 @@ class Simulator:
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
                  stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
                  core_sharing: float = 1.0, group_sharing: Sequence[float] = (),
-                 record_compute: bool = False, compute_stretched: bool = False) -> None:
+                 record_compute: bool = False, compute_stretched: bool = False, compute_window_s: float = 0.0,
+                 host_trace: HostTrace | None = None) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
         for name, value in (("kv_bytes_per_token", kv_bytes_per_token),
@@ -374,9 +379,17 @@ class Simulator:
         self.compute_stretched = compute_stretched
         """With record_compute: each forward counted at its wall length where its processor is time-sliced, as a
         live worker's timer around it sees it (sim_compute.ComputeMeter.stretch); False: at its own length."""
+        if not (compute_window_s >= 0 and math.isfinite(compute_window_s)):
+            raise ValueError(f"compute_window_s must be a finite number of seconds >= 0, got {compute_window_s!r}")
+        self.compute_window_s = compute_window_s
+        """With record_compute: also sum the compute per window of this many seconds (SimResult.compute_windows),
+        as a live run's per-window compute reads the host's speed over it; 0: totals only."""
         self.host_noise = host_noise
         """The host's speed varying over time (sim_noise.py): encode, prefill and decode steps take a factor of
         their profiled time that changes every `period_s`; None: always the profiled time."""
+        self.host_trace = host_trace
+        """The host's speed over a live run as measured (sim_noise.HostTrace): encode forwards and LLM steps take
+        their window's factor of their profiled time (times host_noise's, with both); None: none."""
 
     def run(self, requests: Sequence[SimRequest]) -> SimResult:
         budget = self.deployment.engine.max_num_batched_tokens
@@ -391,7 +404,8 @@ class Simulator:
         if loaded is not None and len(requests) > 1 and requests[-1].arrival > requests[0].arrival:
             rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
             service = loaded(rate, sum(r.output_tokens for r in requests) / len(requests))
-        speed = HostSpeed(self.host_noise, clock=lambda: 0.0) if self.host_noise is not None else None
+        speed = (HostSpeed(self.host_noise, clock=lambda: 0.0, trace=self.host_trace)
+                 if self.host_noise is not None or self.host_trace is not None else None)
         if speed is not None:
             service = NoisyService(service, speed)
         cluster = Cluster(self.deployment, service, self.kv_bytes_per_token, self.embedding_bytes_per_token,
@@ -403,7 +417,7 @@ class Simulator:
             if bare is None:
                 raise ValueError(f"record_compute needs service times that can drop their overheads "
                                  f"(without_overheads(), as PerfModel has); {type(service).__name__} cannot")
-            cluster.meter = ComputeMeter(bare(), self.compute_stretched)
+            cluster.meter = ComputeMeter(bare(), self.compute_stretched, self.compute_window_s)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
         if speed is not None:
@@ -425,4 +439,5 @@ class Simulator:
         stats = [EncodeStats(e.name, e.router.counts, 0 if e.stealing is None else e.stealing.stolen_total,
                              0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
         return SimResult([f.record for f in flights], cluster.usage, stats, events.processed, cluster.stack.cpu_by_core(),
-                         dict(cluster.meter.totals) if cluster.meter is not None else {})
+                         dict(cluster.meter.totals) if cluster.meter is not None else {},
+                         dict(cluster.meter.windows) if cluster.meter is not None else {})

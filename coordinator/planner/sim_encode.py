@@ -155,7 +155,7 @@ class EncodeNode:
         has_local = self.local is not None
         if (meter := self.cluster.meter) is not None:
             stretch = meter.stretch(batch[0].record.encode_start, now, self._encode_work)
-            meter.add("encode", self.cluster.encode_s(self.tier, batch, meter.compute) * len(batch) * stretch)
+            meter.add("encode", self.cluster.encode_s(self.tier, batch, meter.compute) * len(batch) * stretch, now)
         for f in batch:
             f.record.encode_end = now
             if ws is not None and ws.should_keep(now):

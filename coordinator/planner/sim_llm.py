@@ -86,7 +86,7 @@ class Engine:
     def finish_step(self, plan: StepPlan, now: float) -> StepResult:
         if (meter := self.cluster.meter) is not None:
             started, work = self._metered
-            meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0,
+            meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0, now,
                        meter.stretch(started, now, work))
         out = self.model.complete(plan)
         stack = self.cluster.stack
@@ -170,7 +170,9 @@ class Coast:
         self._ends, self._seconds = [], []
         self.engine.cluster.stack.tokens(sum(self._batches), len(self._batches), self.engine.node)  # the coast's tokens, relayed at its end
         if self._compute:
-            self.engine.cluster.meter.add("decode", sum(c * b for c, b in zip(self._compute, self._batches)))
+            meter = self.engine.cluster.meter
+            for compute, batch, end in zip(self._compute, self._batches, ends):
+                meter.add("decode", compute * batch, end)
         self._batches, self._compute = [], []
         self.on_end(ends, seconds)
 

@@ -10,6 +10,10 @@ the stack's hops) takes `factor` times as long as the profile says, where the fa
 and log-sd `sigma`, constant over a window of `period_s` of simulated time and drawn anew, independently, for
 each window. The factor of a window depends only on (seed, window index), so a run is reproducible whatever
 order the simulation asks in. Evidence and the fitted values: benchmarks/results/sim_fidelity_noise_trial/.
+
+`HostTrace` is the host's speed as it was measured over a live run rather than drawn: one factor per window of
+`window_s` for the encoder's forwards and one for the LLM workers' steps, read from the workers' own compute
+timers (benchmarks/sim_fidelity_speed.py), so a simulation of that run follows the host's phases within it.
 """
 
 from __future__ import annotations
@@ -38,16 +42,53 @@ class HostNoise:
             raise ValueError(f"period_s must be a finite number of seconds > 0, got period_s={self.period_s!r}")
 
 
-class HostSpeed:
-    """The factor at the simulation's current time (`clock`, seconds)."""
+SPEED_STAGES = ("encode", "llm")
+"""What a HostTrace times apart: the encoder's forwards, and the LLM workers' prefill and decode steps."""
 
-    def __init__(self, noise: HostNoise, clock: Callable[[], float]) -> None:
+
+@dataclass(frozen=True)
+class HostTrace:
+    window_s: float
+    """Seconds of simulated time (from the run's start, the first request's arrival included) one factor lasts."""
+    encode: tuple[float, ...]
+    """The encoder's factor per window (the last one holds past the end)."""
+    llm: tuple[float, ...]
+    """The LLM workers' factor per window (the last one holds past the end)."""
+
+    def __post_init__(self) -> None:
+        if not (self.window_s > 0 and math.isfinite(self.window_s)):
+            raise ValueError(f"window_s must be a finite number of seconds > 0, got window_s={self.window_s!r}")
+        for stage in SPEED_STAGES:
+            factors = getattr(self, stage)
+            if not factors or any(not (f > 0 and math.isfinite(f)) for f in factors):
+                raise ValueError(f"{stage} needs at least one factor, each a finite number > 0, got {factors!r}")
+
+    def window(self, t: float) -> int:
+        """The window simulated time `t` falls in (before 0: the first)."""
+        return max(0, math.floor(t / self.window_s))
+
+    def at(self, stage: str, t: float) -> float:
+        factors = getattr(self, stage)
+        return factors[min(self.window(t), len(factors) - 1)]
+
+
+class HostSpeed:
+    """The factor at the simulation's current time (`clock`, seconds): `noise`'s draw times `trace`'s measured
+    factor for the stage, either of them absent."""
+
+    def __init__(self, noise: HostNoise | None, clock: Callable[[], float], trace: HostTrace | None = None) -> None:
         self.noise = noise
+        self.trace = trace
         self.clock = clock
         self._factors: dict[int, float] = {}
 
-    def factor(self) -> float:
-        if self.noise.sigma == 0:
+    def factor(self, stage: str = "llm") -> float:
+        """The host's factor now for `stage` (SPEED_STAGES)."""
+        measured = self.trace.at(stage, self.clock()) if self.trace is not None else 1.0
+        return measured * self._drawn()
+
+    def _drawn(self) -> float:
+        if self.noise is None or self.noise.sigma == 0:
             return 1.0
         window = math.floor(self.clock() / self.noise.period_s)
         f = self._factors.get(window)
@@ -58,7 +99,7 @@ class HostSpeed:
 
 
 class NoisyService:
-    """`inner`'s service times, its compute stages (encode, prefill, decode step) scaled by `speed.factor()`;
+    """`inner`'s service times, its compute stages (encode, prefill, decode step) scaled by `speed.factor(...)`;
     everything else (transfers, the stack's hops and CPU, `under_load`'s other figures) as `inner` has it."""
 
     def __init__(self, inner: ServiceTimes, speed: HostSpeed) -> None:
@@ -66,18 +107,18 @@ class NoisyService:
         self.speed = speed
 
     def encode_s(self, tier: str, modality: Modality, batch: int, tokens_per_item: int) -> float:
-        return self.inner.encode_s(tier, modality, batch, tokens_per_item) * self.speed.factor()
+        return self.inner.encode_s(tier, modality, batch, tokens_per_item) * self.speed.factor("encode")
 
     def prefill_s(self, tier: str, tokens: int) -> float:
-        return self.inner.prefill_s(tier, tokens) * self.speed.factor()
+        return self.inner.prefill_s(tier, tokens) * self.speed.factor("llm")
 
     def prefill_batch_s(self, tier: str, lengths: Sequence[int]) -> float:
         batch = getattr(self.inner, "prefill_batch_s", None)
         seconds = batch(tier, lengths) if batch is not None else self.inner.prefill_s(tier, sum(lengths))
-        return seconds * self.speed.factor()
+        return seconds * self.speed.factor("llm")
 
     def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
-        return self.inner.decode_step_s(tier, batch, context_tokens) * self.speed.factor()
+        return self.inner.decode_step_s(tier, batch, context_tokens) * self.speed.factor("llm")
 
     def transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
         return self.inner.transfer_s(nbytes, src_tier, dst_tier, same_host)

@@ -51,8 +51,8 @@ def test_a_run_judged_against_its_own_simulation_has_no_error(name, profile):
         assert cell["within_10pct"]
     table = markdown({"command": "x", "date": "d", "requests_per_rate": 40, "seed": 2, "machine": "m",
                       "layouts": [report]})
-    assert table.count(f"| {LAYOUTS[name].rates[1]:g} |") == 2 and "+0.0%" in table   # at the profile's and the runs' speed
-    assert "3 of 3 at the profiles' speed, 3 of 3 at each run's own speed" in table
+    assert table.count(f"| {LAYOUTS[name].rates[1]:g} |") == 3 and "+0.0%" in table   # the profile's, the runs' speeds
+    assert "3 of 3 at the profiles' speed, 3 of 3 at each run's own speed, 3 of 3 at each run's speed over time" in table
 
 
 def test_host_noise_from_the_command_line_widens_the_simulated_spread(tmp_path, monkeypatch):

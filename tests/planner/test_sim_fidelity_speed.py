@@ -59,6 +59,8 @@ def test_a_run_at_a_known_speed_is_simulated_back_at_it(name, profile):
             assert all(abs(m) < 0.02 for m in run["compute_mismatch"].values()), run["compute_mismatch"]
             assert run["speed"]["encode"] == pytest.approx(1.25, rel=0.001)
             assert run["speed"]["llm"] == pytest.approx(1.4, rel=0.001 if i == 0 else 0.03)
+        for run in cell["sim_run_trace"]["runs"]:   # an even speed over the run reads as a flat trace
+            assert all(abs(f - 1) < 0.03 for stage in ("encode", "llm") for f in run["trace"][stage]), run["trace"]
         errors = cell["error_run_speed"]
         if name == "epd" or i < 2:
             assert abs(errors["ttft_p50_s"]) < 0.02 and abs(errors["tpot_mean_s"]) < 0.02, errors

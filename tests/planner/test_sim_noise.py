@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.planner.deployment import Deployment
 from coordinator.planner.sim import Simulator
-from coordinator.planner.sim_noise import HostNoise, HostSpeed, NoisyService
+from coordinator.planner.sim_noise import HostNoise, HostSpeed, HostTrace, NoisyService
 from tests.planner.test_sim import Table, workload
 
 
@@ -114,3 +114,51 @@ def test_the_simulator_spreads_latencies_with_noise_and_not_without():
     assert statistics.median(noisy) == pytest.approx(statistics.median(plain), rel=0.1)
     again = sorted(r.ttft for r in _simulate(HostNoise(sigma=0.25, period_s=0.05, seed=1)))
     assert again == noisy
+
+
+def test_a_trace_gives_each_stage_its_window_s_measured_factor_and_holds_the_last():
+    clock = Clock()
+    trace = HostTrace(window_s=2.0, encode=(1.0, 1.5), llm=(0.8, 1.2, 2.0))
+    speed = HostSpeed(None, clock, trace=trace)
+    table = Table(encode=0.010, prefill=0.020, decode=0.005, transfer=0.001)
+    traced = NoisyService(table, speed)
+    for now, enc, llm in ((-0.5, 1.0, 0.8), (1.9, 1.0, 0.8), (2.1, 1.5, 1.2), (4.5, 1.5, 2.0), (99.0, 1.5, 2.0)):
+        clock.now = now
+        assert traced.encode_s("l4", "image", 1, 64) == pytest.approx(0.010 * enc)
+        assert traced.prefill_s("a100", 100) == pytest.approx(0.020 * llm)
+        assert traced.decode_step_s("a100", 4, 400) == pytest.approx(0.005 * llm)
+        assert traced.transfer_s(1000, "l4", "a100", False) == 0.001
+    noisy = HostSpeed(HostNoise(sigma=0.3, period_s=1.0, seed=2), clock, trace=trace)
+    alone = HostSpeed(HostNoise(sigma=0.3, period_s=1.0, seed=2), clock)
+    clock.now = 4.5
+    assert noisy.factor("llm") == pytest.approx(2.0 * alone.factor("llm"))  # both: the product
+
+
+@pytest.mark.parametrize("bad", [dict(window_s=0.0, encode=(1.0,), llm=(1.0,)),
+                                 dict(window_s=1.0, encode=(), llm=(1.0,)),
+                                 dict(window_s=1.0, encode=(1.0,), llm=(1.0, -0.5)),
+                                 dict(window_s=1.0, encode=(math.nan,), llm=(1.0,))])
+def test_bad_traces_are_refused(bad):
+    with pytest.raises(ValueError):
+        HostTrace(**bad)
+
+
+def test_the_simulator_follows_a_trace():
+    """Decode twice as slow in the second half of the run: those requests' TPOT doubles, the first half's does not."""
+    table = Table(encode=0.010, transfer=0.001, prefill=0.020, decode=0.005)
+    reqs = workload(0.2).generate(40, seed=1)
+    half = reqs[-1].arrival / 2
+
+    def run(trace):
+        sim = Simulator(Deployment.parse("E@l4, P+D@a100"), table, kv_bytes_per_token=1000,
+                        embedding_bytes_per_token=100, host_trace=trace)
+        return sim.run(reqs).records
+
+    plain = run(None)
+    traced = run(HostTrace(window_s=half, encode=(1.0,), llm=(1.0, 2.0)))
+    for p, t in zip(plain, traced):
+        if t.finish < half:
+            assert t.tpot == pytest.approx(p.tpot)
+        elif t.first_token > half + 0.5:
+            assert t.tpot == pytest.approx(2 * p.tpot, rel=0.05)
+    assert any(t.first_token > half + 0.5 for t in traced) and any(t.finish < half for t in traced)
