@@ -22,6 +22,15 @@ stream, validation.py). Every side's pick is then simulated on an evaluation str
 
     python -m benchmarks.planner_suite            # the full suite (~24 cells)
     python -m benchmarks.planner_suite --quick    # one load per workload, fewer requests
+
+With measured profiles (`--profile FILE|DIR`, e.g. the GPU measurement pack's profile-H200-llava-1.5-7b.json), every
+cell of a workload whose model a profile was measured on runs twice, on the roofline figures alone and with the
+measured profiles first (`tierserve plan --profile`), and the table reports both (column "perf"); a measured tier
+joins the budget's tiers in both runs, and both run at the same rates (the loads above, on the roofline figures),
+so they differ only in where the service times come from. An inventory
+cell holding none of the measured tiers runs once (the measured figures would change nothing there).
+
+    python -m benchmarks.planner_suite --profile out/gpu/profile-H200-llava-1.5-7b.json
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from coordinator.planner.planning import (
     prepare,
     search,
 )
+from coordinator.planner.profile import Profile
 from coordinator.planner.queueing import stage_loads
 from coordinator.planner.space import Knobs, TrialConfig, s_is_a_knob
 from coordinator.planner.trials import TrialOutcome
@@ -112,6 +122,34 @@ def _row(config: TrialConfig | None, outcome: TrialOutcome | None, note: str = "
             "ttft_p50_s": outcome.ttft_p50_s, "tpot_mean_s": outcome.tpot_mean_s, "note": note}
 
 
+def measured_profiles(paths: list[Path]) -> dict[str, dict[str, Path]]:
+    """Profile files (or every *.json of a directory) by the model they were measured on, then by tier."""
+    found: dict[str, dict[str, Path]] = {}
+    for path in paths:
+        if not path.exists():
+            raise ValueError(f"no profile at {path}; the GPU measurement pack writes one (benchmarks/gpu/run.sh)")
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        if not files:
+            raise ValueError(f"{path} holds no *.json profile")
+        for file in files:
+            try:
+                profile = Profile.load(file)
+            except Exception as exc:  # noqa: BLE001 - a user's file: say which one and why
+                raise ValueError(f"{file} is not a profile: {exc}") from None
+            found.setdefault(profile.model, {})[profile.tier] = file
+    return found
+
+
+def perf_sources(where: str, measured: dict[str, Path]) -> list[tuple[str, tuple[str, ...]]]:
+    """(perf, profile files) to run a cell with: the roofline figures, and the measured profiles where they
+    can change something (a budget cell, or an inventory holding a measured tier)."""
+    sources: list[tuple[str, tuple[str, ...]]] = [("roofline", ())]
+    inventory = {part.split("x", 1)[1] for part in INVENTORY.split(",")}
+    if measured and (where == "budget" or inventory & set(measured)):
+        sources.append(("measured", tuple(str(f) for f in measured.values())))
+    return sources
+
+
 def run_cell(base: dict, rate: float, trials: int, requests: int, eval_requests: int) -> dict:
     """One cell: the planner's pick and each recipe's best layout, all on the same evaluation stream."""
     req = PlanRequest(**base, rate=rate, requests_per_trial=requests)
@@ -149,22 +187,34 @@ def capacity_rps(model: str, modality: str, slo: SLO) -> float:
 def markdown(doc: dict) -> str:
     names = ["planner", *RECIPES]
     lines = [f"# Planner vs fixed recipes (good requests per $, simulator)\n\n`{doc['command']}`\n",
-             f"| workload | where | load | rate | {' | '.join(names)} | planner / best | planner's pick |",
-             "|" + "---|" * (len(names) + 6)]
+             f"| workload | where | load | perf | rate | {' | '.join(names)} | planner / best | planner's pick |",
+             "|" + "---|" * (len(names) + 7)]
     for c in doc["cells"]:
+        where = f"| {c['workload']} | {c['where']} | {c['load']} | {c.get('perf', 'roofline')} | {c['rate']:.2f} |"
         if "error" in c:
-            lines.append(f"| {c['workload']} | {c['where']} | {c['load']} | {c['rate']:.2f} | error: {c['error']} |")
+            lines.append(f"{where} error: {c['error']} |")
             continue
         vals = " | ".join(f"{c['systems'][n]['objective']:.0f}" for n in names)
         ratio = f"{c['vs_best']:.2f}" if c["vs_best"] is not None else "-"
-        lines.append(f"| {c['workload']} | {c['where']} | {c['load']} | {c['rate']:.2f} | {vals} | {ratio} | "
-                     f"{c['systems']['planner']['config']} |")
-    s = doc["summary"]
-    lines.append(f"\nCells: {s['cells']}, {s.get('compared', s['cells'])} with a recipe that keeps up; planner within 2% "
-                 f"of the best recipe or better in {s['within_2pct']} of those; "
-                 f"median planner / median recipe {s['median_vs_median']:.2f}x; median planner / best recipe "
-                 f"{s['median_vs_best']:.2f}x; worst cell {s['worst_vs_best']:.2f}x ({s['worst_cell']}).")
+        lines.append(f"{where} {vals} | {ratio} | {c['systems']['planner']['config']} |")
+    for perf, s in doc["summary"].items() if "cells" not in doc["summary"] else [("roofline", doc["summary"])]:
+        lines.append(f"\n{perf.capitalize()} figures: cells {s['cells']}, {s.get('compared', s['cells'])} with a recipe "
+                     f"that keeps up; planner within 2% of the best recipe or better in {s['within_2pct']} of those; "
+                     f"median planner / median recipe {s['median_vs_median']:.2f}x; median planner / best recipe "
+                     f"{s['median_vs_best']:.2f}x; worst cell {s['worst_vs_best']:.2f}x ({s['worst_cell']}).")
     return "\n".join(lines) + "\n"
+
+
+def summarize(cells: list[dict]) -> dict:
+    """The table's verdict over `cells`: how many compared, within 2 % of the best recipe, the medians, the worst."""
+    ok = [c for c in cells if c.get("vs_best") is not None]
+    if not ok:
+        raise ValueError("no cell had a recipe that keeps up; nothing to compare")
+    worst = min(ok, key=lambda c: c["vs_best"])
+    return {"cells": len(cells), "compared": len(ok), "within_2pct": sum(c["vs_best"] >= 0.98 for c in ok),
+            "median_vs_best": statistics.median(c["vs_best"] for c in ok),
+            "median_vs_median": statistics.median(c["vs_median"] for c in ok if c["vs_median"]),
+            "worst_vs_best": worst["vs_best"], "worst_cell": f"{worst['workload']} {worst['where']} {worst['load']}"}
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -196,33 +246,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=100, help="requests per trial (default: %(default)s)")
     p.add_argument("--eval-requests", type=int, default=400, help="requests of the evaluation run (default: 400)")
     p.add_argument("--quick", action="store_true", help="medium load only, inventory only")
+    p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE|DIR",
+                   help=("measured profiles (`tierserve profile` or the GPU measurement pack's files, or a directory "
+                         "of them; repeatable): the cells of their model run on the roofline figures and again "
+                         "with these, side by side"))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="directory (default: %(default)s)")
     a = p.parse_args(argv)
+    try:
+        measured = measured_profiles(a.profile)
+    except ValueError as exc:
+        p.error(f"--profile: {exc}")
+    unknown = sorted(set(measured) - {model for model, _, _ in WORKLOADS.values()})
+    if unknown:
+        p.error(f"--profile: no workload of this suite runs {', '.join(unknown)} "
+                f"(its models: {', '.join(sorted({m for m, _, _ in WORKLOADS.values()}))})")
     started = time.time()
     cells = []
     for label, (model, modality, slo) in WORKLOADS.items():
         cap = capacity_rps(model, modality, slo)
-        for where, extra in (("inventory", {"gpus": INVENTORY}), ("budget", BUDGET)):
+        mine = measured.get(model, {})
+        budget = BUDGET | {"tiers": tuple(dict.fromkeys([*BUDGET["tiers"], *mine]))}
+        for where, extra in (("inventory", {"gpus": INVENTORY}), ("budget", budget)):
             if a.quick and where == "budget":
                 continue
             for load, share in LOADS.items():
                 if a.quick and load != "medium":
                     continue
-                base = {"model": model, "modality": modality, "slo": slo, **extra}
-                cell = run_cell(base, share * cap, a.trials, a.requests, a.eval_requests)
-                cells.append({"workload": label, "where": where, "load": load, "capacity_rps": cap, **cell})
-                print(json.dumps({k: cells[-1].get(k) for k in ("workload", "where", "load", "rate", "vs_best")}),
-                      flush=True)
-    ok = [c for c in cells if c.get("vs_best") is not None]
-    worst = min(ok, key=lambda c: c["vs_best"])
-    summary = {"cells": len(cells), "compared": len(ok), "within_2pct": sum(c["vs_best"] >= 0.98 for c in ok),
-               "median_vs_best": statistics.median(c["vs_best"] for c in ok),
-               "median_vs_median": statistics.median(c["vs_median"] for c in ok if c["vs_median"]),
-               "worst_vs_best": worst["vs_best"], "worst_cell": f"{worst['workload']} {worst['where']} {worst['load']}",
-               "seconds": round(time.time() - started, 1)}
+                for perf, files in perf_sources(where, mine):
+                    base = {"model": model, "modality": modality, "slo": slo, "profile_files": files, **extra}
+                    cell = run_cell(base, share * cap, a.trials, a.requests, a.eval_requests)
+                    cells.append({"workload": label, "where": where, "load": load, "perf": perf,
+                                  "capacity_rps": cap, **cell})
+                    print(json.dumps({k: cells[-1].get(k) for k in ("workload", "where", "load", "perf", "rate",
+                                                                     "vs_best")}), flush=True)
+    summary = {perf: summarize([c for c in cells if c["perf"] == perf])
+               for perf in dict.fromkeys(c["perf"] for c in cells)}
     doc = {"command": "python -m benchmarks.planner_suite " + " ".join(argv if argv is not None else sys.argv[1:]),
            "inventory": INVENTORY, "budget": BUDGET, "loads": LOADS, "layouts_per_recipe": LAYOUTS,
-           "summary": summary, "cells": cells}
+           "profiles": {m: {t: str(f) for t, f in by_tier.items()} for m, by_tier in measured.items()},
+           "seconds": round(time.time() - started, 1), "summary": summary, "cells": cells}
     a.out.mkdir(parents=True, exist_ok=True)
     stem = a.out / ("planner_suite_quick" if a.quick else "planner_suite")
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))

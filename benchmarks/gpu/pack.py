@@ -11,7 +11,8 @@ failure recorded without losing the others:
   d. prefill and decode times of a LLaVA-1.5-7B-sized language model, bf16, the reference engine's forwards;
   e. NVML readings every 0.5 s throughout (native/nvml.py).
 Writes <out>/pack.json (everything, with the command), <out>/profile-<tier>-llava-1.5-7b.json and
-<out>/summary.md.
+<out>/summary.md. The profile feeds `tierserve plan --profile` and the planner suite's measured column
+(`python -m benchmarks.planner_suite --profile <out>/profile-<tier>-llava-1.5-7b.json`).
 
     python -m benchmarks.gpu.pack --check-only   # everything up to the first CUDA call; no GPU: exit 2
 """
