@@ -57,7 +57,7 @@ def _switches() -> str:
           "stack_loop_share (coordinator's one event loop)": L.COORDINATOR_LOOP,
           "stack_preempts": L.STACK_PREEMPTS, "core_sharing": L.CORE_SHARING,
           "per-core sharing where measured (Layout.group_sharing)": L.GROUP_SHARING,
-          "run speed read against stretched forwards (compute_stretched)": L.COMPUTE_STRETCHED,
+          "share of a time-sliced forward's stretch the run speed is read against (compute_stretched)": L.COMPUTE_STRETCHED,
           "host_noise": (f"sigma {L.HOST_NOISE.sigma} per {L.HOST_NOISE.period_s * 1e3:g} ms (seed {L.HOST_NOISE.seed})"
                          if L.HOST_NOISE is not None else "off")}
     return "Simulator switches: " + ", ".join(f"{k} {v}" for k, v in on.items()) + "."

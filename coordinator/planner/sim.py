@@ -287,7 +287,7 @@ class Simulator:
                  relay_per_step: bool = False, offload_routed_before: int = 0, wake_affine: bool = False,
                  stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
                  core_sharing: float = 1.0, group_sharing: Sequence[float] = (),
-                 record_compute: bool = False, compute_stretched: bool = False, compute_window_s: float = 0.0,
+                 record_compute: bool = False, compute_stretched: float = 0.0, compute_window_s: float = 0.0,
                  host_trace: HostTrace | None = None) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
@@ -376,9 +376,12 @@ class Simulator:
         self.record_compute = record_compute
         """Sum the workers' compute seconds as the live workers report them (SimResult.compute_s; sim_compute.py):
         needs a service with `without_overheads()` (PerfModel)."""
-        self.compute_stretched = compute_stretched
-        """With record_compute: each forward counted at its wall length where its processor is time-sliced, as a
-        live worker's timer around it sees it (sim_compute.ComputeMeter.stretch); False: at its own length."""
+        if not 0.0 <= compute_stretched <= 1.0:
+            raise ValueError(f"compute_stretched must be in [0, 1], got {compute_stretched!r}")
+        self.compute_stretched = float(compute_stretched)
+        """With record_compute: the share of its stretch a forward on a time-sliced processor counts with, as a live
+        worker's timer around it sees it (sim_compute.ComputeMeter.stretch); 0: at its own length, 1: at its wall
+        length."""
         if not (compute_window_s >= 0 and math.isfinite(compute_window_s)):
             raise ValueError(f"compute_window_s must be a finite number of seconds >= 0, got {compute_window_s!r}")
         self.compute_window_s = compute_window_s

@@ -7,14 +7,14 @@ times. `ComputeMeter` sums the same from a simulation (Simulator(record_compute=
 from the service without overheads, weighted by the requests in it. The two sums side by side give the host's
 speed during a live run against the profile the simulation used (benchmarks/sim_fidelity_speed.py).
 
-By default each forward counts at its own length, not stretched where the simulation time-slices its
-processor with another worker's. At the fidelity runs' rates the live timers saw little of that sharing: on
-2026-12-06 the two LLM workers time-slicing colocated_prefill's core 1 reported decode steps of 1.51-1.68 ms,
-as epd's decode worker alone on its core (1.51-1.61), and the encoder beside a prefill worker 0.94-1.05x its
-profiled call (benchmarks/results/sim_fidelity_s23/). They do see it when both workers decode without a pause
-(steps 1.2-1.9x their length alone; benchmarks/worker_cpu.py --pair), so `stretched` counts each forward at
-its wall length instead (wall / work of its step); on the fidelity records that reading took the host for
-faster than it was (benchmarks/results/sim_fidelity_s24/), and it stays off there.
+How much of a time-sliced processor's sharing counts is `stretched`: each forward counts its own length plus that
+share of what the sharing added to it on the wall (0: its own length; 1: its wall length). Live timers see a
+little of it: a worker whose step the other worker's turn interrupts reads a longer step, one the scheduler lets
+finish first does not. On colocated_prefill's core 1 (two LLM workers time-slicing) the decode steps read
+0.16-0.32 ms longer at full overlap while the requests' TPOT grew 1.8-2.0 ms on 1.9: the timers saw 0.11-0.21 of
+the stretch in the quiet phases of 2026-12-06, 0.41-0.79 in the slow ones (benchmarks/timer_stretch.py,
+benchmarks/results/sim_fidelity_s25/). Counted at 0, the stretch the timers did see read as a slower host and was
+simulated twice; at 1, the simulated time-slicing took the host for faster than it was (session 24).
 
 With `window_s` the meter also sums the compute per window of simulated time (each forward in the window where it
 ends), which a live run's requests give per window too: the host's speed over the run (sim_noise.HostTrace).
@@ -35,12 +35,15 @@ STAGES = ("encode", "prefill", "decode")
 class ComputeMeter:
     """Request-weighted compute seconds per stage (STAGES) of one simulated run."""
 
-    def __init__(self, compute: ServiceTimes, stretched: bool = False, window_s: float = 0.0) -> None:
+    def __init__(self, compute: ServiceTimes, stretched: float = 0.0, window_s: float = 0.0) -> None:
+        if not 0.0 <= stretched <= 1.0:
+            raise ValueError(f"stretched is the share of a time-sliced forward's stretch its timer sees, in [0, 1]; "
+                             f"got {stretched!r}")
         self.compute = compute
         """The run's service times without the serving stack's overheads (PerfModel.without_overheads)."""
-        self.stretched = stretched
-        """Count each forward at its wall length where the simulation time-slices its processor (`stretch`);
-        False: at its own length."""
+        self.stretched = float(stretched)
+        """The share of its stretch (wall / work - 1) a forward on a time-sliced processor counts with (`stretch`):
+        0 at its own length, 1 at its wall length."""
         self.totals = dict.fromkeys(STAGES, 0.0)
         self.window_s = window_s
         """Seconds of simulated time per window of `windows`; 0: no windows."""
@@ -48,9 +51,9 @@ class ComputeMeter:
         """Window index -> request-weighted compute seconds per stage of the forwards that ended in it."""
 
     def stretch(self, started: float, now: float, work_s: float) -> float:
-        """How much longer than its work a job that ran from `started` to `now` took (wall / work), as a live
-        timer around it sees it; 1.0 unless `stretched`."""
-        return (now - started) / work_s if self.stretched and work_s > 0 else 1.0
+        """How much longer than its work a job that ran from `started` to `now` counts, as a live timer around it
+        sees it: 1 + stretched x (wall / work - 1); 1.0 with `stretched` 0."""
+        return 1.0 + self.stretched * ((now - started) / work_s - 1.0) if self.stretched and work_s > 0 else 1.0
 
     def add(self, stage: str, seconds: float, now: float) -> None:
         """Request-weighted compute seconds of `stage`, of forwards that ended at `now`."""

@@ -85,3 +85,20 @@ def test_service_times_that_cannot_drop_their_overheads_are_refused():
         sim.run([SimRequest(0, 0.0, "image", 1, 196, 10, 4)])
     assert Simulator(Deployment.parse("E@cpu, P+D@cpu"), Table(), kv_bytes_per_token=1,
                      embedding_bytes_per_token=1).run([SimRequest(0, 0.0, "image", 1, 196, 10, 4)]).compute_s == {}
+
+
+def test_a_share_of_the_stretch_counts_that_share_of_what_the_sharing_added():
+    """compute_stretched = 0.25 counts each time-sliced forward at its own length plus a quarter of what the sharing
+    added on the wall: a quarter of the full stretch's extra (the simulation itself is the same)."""
+    requests = [SimRequest(0, 0.0, "image", 1, 196, 10, 40), SimRequest(1, 0.05, "image", 1, 196, 10, 2)]
+    core = [{"0-E-cpu", "1-P+D-cpu"}]
+    _, own = simulate(requests, shared_cores=core)
+    _, full = simulate(requests, shared_cores=core, compute_stretched=1.0)
+    _, quarter = simulate(requests, shared_cores=core, compute_stretched=0.25)
+    for stage in ("encode", "decode"):
+        extra = full.compute_s[stage] - own.compute_s[stage]
+        assert extra > 0
+        assert quarter.compute_s[stage] - own.compute_s[stage] == pytest.approx(extra / 4)
+    assert [r.finish for r in quarter.records] == [r.finish for r in own.records]
+    with pytest.raises(ValueError, match=r"compute_stretched must be in \[0, 1\]"):
+        simulate(requests, compute_stretched=1.5)
