@@ -6,7 +6,9 @@ timers per window of the run (TRACE_WINDOWS of them): each request's encode comp
 at its first token, its decode's at the middle of its decode; the simulation's forwards where they end (metered in
 TRACE_BINS bins a window), each shared between the two windows around it (`weights`). It simulates the run at its
 mean speed times a sim_noise.HostTrace of per-window factors, corrected window by window as the mean speed is, until
-each window's simulated compute is the run's (`sim_run_trace` in the report).
+each window's simulated compute is the run's (`sim_run_trace` in the report). On the saved records it did not close
+the slow phases' misses (benchmarks/results/sim_fidelity_s25/README.md): those are not the speed drifting over
+seconds.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ order the simulation asks in. Evidence and the fitted values: benchmarks/results
 
 `HostTrace` is the host's speed as it was measured over a live run rather than drawn: one factor per window of
 `window_s` for the encoder's forwards and one for the LLM workers' steps, read from the workers' own compute
-timers (benchmarks/sim_fidelity_speed.py), so a simulation of that run follows the host's phases within it.
+timers (benchmarks/sim_fidelity_trace.py), so a simulation of that run follows the host's phases within it.
 """
 
 from __future__ import annotations
