@@ -58,6 +58,8 @@ def _switches() -> str:
           "stack_preempts": L.STACK_PREEMPTS, "core_sharing": L.CORE_SHARING,
           "per-core sharing where measured (Layout.group_sharing)": L.GROUP_SHARING,
           "share of a time-sliced forward's stretch the run speed is read against (compute_stretched)": L.COMPUTE_STRETCHED,
+          "the same for the stretch the stack's jobs caused (compute_stack_stretched)": (
+              L.COMPUTE_STACK_STRETCHED if L.COMPUTE_STACK_STRETCHED is not None else "as compute_stretched"),
           "host_noise": (f"sigma {L.HOST_NOISE.sigma} per {L.HOST_NOISE.period_s * 1e3:g} ms (seed {L.HOST_NOISE.seed})"
                          if L.HOST_NOISE is not None else "off")}
     return "Simulator switches: " + ", ".join(f"{k} {v}" for k, v in on.items()) + "."

@@ -182,7 +182,8 @@ class Cluster:
             _, before, first = by_core.get(id(proc), (proc, 0.0, name))
             by_core[id(proc)] = (proc, before + share / total, first)
         first = self.stack_preempts
-        return [StackCore(proc.lane(STACK_LANES[0], first), proc.lane(STACK_LANES[1], first), share, node)
+        return [StackCore(proc.lane(STACK_LANES[0], first, stack=True), proc.lane(STACK_LANES[1], first, stack=True),
+                          share, node)
                 for proc, share, node in by_core.values()]
 
     def _core_lanes(self, shared_cores: Sequence[Collection[str]], stack_cores: Mapping[str, float]
@@ -288,6 +289,7 @@ class Simulator:
                  stack_loop_share: float = 0.0, stack_preempts: bool = False, host_noise: HostNoise | None = None,
                  core_sharing: float = 1.0, group_sharing: Sequence[float] = (),
                  record_compute: bool = False, compute_stretched: float = 0.0, compute_window_s: float = 0.0,
+                 compute_stack_stretched: float | None = None,
                  host_trace: HostTrace | None = None) -> None:
         if load_report_s < 0:
             raise ValueError(f"load_report_s must be >= 0, got load_report_s={load_report_s!r}")
@@ -382,6 +384,11 @@ class Simulator:
         """With record_compute: the share of its stretch a forward on a time-sliced processor counts with, as a live
         worker's timer around it sees it (sim_compute.ComputeMeter.stretch); 0: at its own length, 1: at its wall
         length."""
+        if compute_stack_stretched is not None and not 0.0 <= compute_stack_stretched <= 1.0:
+            raise ValueError(f"compute_stack_stretched must be in [0, 1] or None, got {compute_stack_stretched!r}")
+        self.compute_stack_stretched = compute_stack_stretched
+        """With record_compute: the same share for the part of a forward's stretch the serving stack's lanes caused
+        (sim_gpu._Lane.held_by_stack); None: compute_stretched."""
         if not (compute_window_s >= 0 and math.isfinite(compute_window_s)):
             raise ValueError(f"compute_window_s must be a finite number of seconds >= 0, got {compute_window_s!r}")
         self.compute_window_s = compute_window_s
@@ -420,7 +427,8 @@ class Simulator:
             if bare is None:
                 raise ValueError(f"record_compute needs service times that can drop their overheads "
                                  f"(without_overheads(), as PerfModel has); {type(service).__name__} cannot")
-            cluster.meter = ComputeMeter(bare(), self.compute_stretched, self.compute_window_s)
+            cluster.meter = ComputeMeter(bare(), self.compute_stretched, self.compute_window_s,
+                                         self.compute_stack_stretched)
         flights = [Flight(RequestRecord(r), r.prompt_tokens) for r in requests]
         events = cluster.events
         if speed is not None:

@@ -14,7 +14,10 @@ finish first does not. On colocated_prefill's core 1 (two LLM workers time-slici
 0.16-0.32 ms longer at full overlap while the requests' TPOT grew 1.8-2.0 ms on 1.9: the timers saw 0.11-0.21 of
 the stretch in the quiet phases of 2026-12-06, 0.41-0.79 in the slow ones (benchmarks/timer_stretch.py,
 benchmarks/results/sim_fidelity_s25/). Counted at 0, the stretch the timers did see read as a slower host and was
-simulated twice; at 1, the simulated time-slicing took the host for faster than it was (session 24).
+simulated twice; at 1, the simulated time-slicing took the host for faster than it was (session 24). The part of a
+stretch the serving stack's jobs caused (sim_gpu._Lane.held_by_stack) can count at its own share, `stack_stretched`:
+the stack's brief wake-ups preempt a worker mid-forward, and measured apart its timer saw 0.90-1.00 of what they
+delayed it (benchmarks/timer_interrupts.py); by default it counts as the rest does.
 
 With `window_s` the meter also sums the compute per window of simulated time (each forward in the window where it
 ends), which a live run's requests give per window too: the host's speed over the run (sim_noise.HostTrace).
@@ -35,25 +38,35 @@ STAGES = ("encode", "prefill", "decode")
 class ComputeMeter:
     """Request-weighted compute seconds per stage (STAGES) of one simulated run."""
 
-    def __init__(self, compute: ServiceTimes, stretched: float = 0.0, window_s: float = 0.0) -> None:
-        if not 0.0 <= stretched <= 1.0:
-            raise ValueError(f"stretched is the share of a time-sliced forward's stretch its timer sees, in [0, 1]; "
-                             f"got {stretched!r}")
+    def __init__(self, compute: ServiceTimes, stretched: float = 0.0, window_s: float = 0.0,
+                 stack_stretched: float | None = None) -> None:
+        for name, share in (("stretched", stretched), ("stack_stretched", stack_stretched)):
+            if share is not None and not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} is the share of a time-sliced forward's stretch its timer sees, in [0, 1]; "
+                                 f"got {share!r}")
         self.compute = compute
         """The run's service times without the serving stack's overheads (PerfModel.without_overheads)."""
         self.stretched = float(stretched)
         """The share of its stretch (wall / work - 1) a forward on a time-sliced processor counts with (`stretch`):
         0 at its own length, 1 at its wall length."""
+        self.stack_stretched = self.stretched if stack_stretched is None else float(stack_stretched)
+        """The same share for the part of the stretch the serving stack's jobs caused (None: `stretched`). The stack's
+        brief wake-ups preempt a worker mid-forward, where another worker's turn mostly waits for the forward to end."""
         self.totals = dict.fromkeys(STAGES, 0.0)
         self.window_s = window_s
         """Seconds of simulated time per window of `windows`; 0: no windows."""
         self.windows: dict[int, dict[str, float]] = {}
         """Window index -> request-weighted compute seconds per stage of the forwards that ended in it."""
 
-    def stretch(self, started: float, now: float, work_s: float) -> float:
+    def stretch(self, started: float, now: float, work_s: float, by_stack_s: float = 0.0) -> float:
         """How much longer than its work a job that ran from `started` to `now` counts, as a live timer around it
-        sees it: 1 + stretched x (wall / work - 1); 1.0 with `stretched` 0."""
-        return 1.0 + self.stretched * ((now - started) / work_s - 1.0) if self.stretched and work_s > 0 else 1.0
+        sees it: 1 + (stretched x the time other workers added + stack_stretched x `by_stack_s`, what the stack's
+        lanes added) / work; 1.0 with both shares 0."""
+        if work_s <= 0 or not (self.stretched or self.stack_stretched):
+            return 1.0
+        added = max(0.0, now - started - work_s)
+        by_stack = min(max(0.0, by_stack_s), added)
+        return 1.0 + (self.stretched * (added - by_stack) + self.stack_stretched * by_stack) / work_s
 
     def add(self, stage: str, seconds: float, now: float) -> None:
         """Request-weighted compute seconds of `stage`, of forwards that ended at `now`."""

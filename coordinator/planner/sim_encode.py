@@ -154,7 +154,7 @@ class EncodeNode:
             ws.observe_remote_load(self.cluster.min_remote_load(), now)
         has_local = self.local is not None
         if (meter := self.cluster.meter) is not None:
-            stretch = meter.stretch(batch[0].record.encode_start, now, self._encode_work)
+            stretch = meter.stretch(batch[0].record.encode_start, now, self._encode_work, self._held_by_stack("encode"))
             meter.add("encode", self.cluster.encode_s(self.tier, batch, meter.compute) * len(batch) * stretch, now)
         for f in batch:
             f.record.encode_end = now
@@ -189,7 +189,7 @@ class EncodeNode:
     def _local_stepped(self, plan: StepPlan) -> None:
         now = self.cluster.events.now
         self._local_step_tokens = 0
-        self.local.finish_step(plan, now)
+        self.local.finish_step(plan, now, self.gpu.prefill.held_by_stack)
         self._local_step(now)
 
     def _stolen_step(self, now: float) -> None:
@@ -207,12 +207,19 @@ class EncodeNode:
         else:
             self.cluster.events.at(now + seconds, done, arg)
 
+    def _held_by_stack(self, job: str) -> float:
+        """How much longer the stack's jobs beside it made the last `job` (encode, or a stolen step: only on an E
+        node, which runs both on its lane)."""
+        if job == "encode" and self.gpu is not None:
+            return self.gpu.encoder.held_by_stack
+        return self.lane.held_by_stack if self.lane is not None else 0.0
+
     def _stolen_stepped(self, arg: tuple[StepPlan, float]) -> None:
         plan, seconds = arg
         now = self.cluster.events.now
         self._busy = False
         self.stealing.record_step(seconds, now)
-        for f in self.stolen.finish_step(plan, now).finished:
+        for f in self.stolen.finish_step(plan, now, self._held_by_stack("stolen")).finished:
             self.stealing.finished(str(f.record.request.request_id), now)
         self._kick(now)
 

@@ -40,9 +40,10 @@ from coordinator.policies.sm_partition import SMPartition, TPCSplit
 
 
 class _Lane:
-    __slots__ = ("stage", "busy", "work_left", "speed", "since", "started", "version", "scheduled", "done", "first")
+    __slots__ = ("stage", "busy", "work_left", "speed", "since", "started", "version", "scheduled", "done", "first",
+                 "stack", "stack_part", "held_by_stack")
 
-    def __init__(self, stage: str, first: bool = False) -> None:
+    def __init__(self, stage: str, first: bool = False, stack: bool = False) -> None:
         self.stage = stage
         self.first = first
         """Runs before the other lanes while busy (lanes with `first` share the processor among themselves;
@@ -59,6 +60,19 @@ class _Lane:
         self.scheduled = False
         """A finish event for the current version is in the queue."""
         self.done: tuple[Callable[[Any], None], Any] | None = None
+        self.stack = stack
+        """A lane of the serving stack's jobs (sim_stack.py), not a worker's."""
+        self.stack_part = 0.0
+        """Of what the other busy lanes take from this one now, the stack lanes' part."""
+        self.held_by_stack = 0.0
+        """Seconds the current (or last) job has run longer than its work because stack lanes ran beside it."""
+
+    def hold(self, now: float) -> None:
+        """Bring work_left and held_by_stack up to `now` at the current speed."""
+        dt = now - self.since
+        self.work_left = max(0.0, self.work_left - dt * self.speed)
+        self.held_by_stack += dt * max(0.0, 1.0 - self.speed) * self.stack_part
+        self.since = now
 
 
 class _LaneSet:
@@ -87,7 +101,7 @@ class _LaneSet:
             raise RuntimeError(f"{self.name}: {lane.stage} lane is already busy")
         now = self.events.now
         lane.busy, lane.work_left, lane.speed, lane.since, lane.started = True, work_s, 0.0, now, now
-        lane.scheduled, lane.done = False, (done, arg)
+        lane.scheduled, lane.done, lane.held_by_stack = False, (done, arg), 0.0
         self._reflow(now)
         self._changed()
 
@@ -98,7 +112,7 @@ class _LaneSet:
     def _stop(self, lane: _Lane) -> tuple[float, Callable[[Any], None], Any]:
         """Take a lane's job away unfinished: (seconds of work left, its done, its arg); it never finishes here."""
         now = self.events.now
-        lane.work_left = max(0.0, lane.work_left - (now - lane.since) * lane.speed)
+        lane.hold(now)
         lane.busy = lane.scheduled = False
         lane.version += 1
         done, lane.done = lane.done, None
@@ -108,11 +122,15 @@ class _LaneSet:
         return lane.work_left, done[0], done[1]
 
     def _reflow(self, now: float) -> None:
+        busy = [lane for lane in self.lanes if lane.busy]
+        first = [lane for lane in busy if lane.first]
         for lane, speed in zip(self.lanes, self._speeds()):
             if not lane.busy:
                 continue
-            lane.work_left = max(0.0, lane.work_left - (now - lane.since) * lane.speed)
-            lane.since = now
+            lane.hold(now)
+            # who takes the processor from it next: the lanes that run first (it waits), else every other busy lane
+            takers = first if first and not lane.first else [o for o in (first or busy) if o is not lane]
+            lane.stack_part = sum(o.stack for o in takers) / len(takers) if takers else 0.0
             if speed == lane.speed and lane.scheduled:
                 continue
             lane.speed = speed
@@ -126,6 +144,7 @@ class _LaneSet:
         if version != lane.version or not lane.busy:
             return
         now = self.events.now
+        lane.hold(now)
         lane.busy = lane.scheduled = False
         self._finished(lane, now)
         done, lane.done = lane.done, None
@@ -153,13 +172,14 @@ class SharedGPU(_LaneSet):
         self._busy_since = 0.0
         self._guests: list[_Lane] = []
 
-    def lane(self, name: str, first: bool = False) -> CoreLane:
+    def lane(self, name: str, first: bool = False, stack: bool = False) -> CoreLane:
         """A lane for a job other than the node's two workers (partition mode "none" only: masks would
-        leave it no SMs); its time is not the node's usage. `first`: it preempts the others (_Lane.first)."""
+        leave it no SMs); its time is not the node's usage. `first`: it preempts the others (_Lane.first);
+        `stack`: it runs the serving stack's jobs (_Lane.stack)."""
         if self.partition.config.mode != "none":
             raise ValueError(f"{self.name}: only an unpartitioned (mode='none') E+P processor takes other jobs' "
                              f"lanes; this one has mode={self.partition.config.mode!r}")
-        lane = _Lane(name, first)
+        lane = _Lane(name, first, stack)
         self._guests.append(lane)
         self.lanes.append(lane)
         return CoreLane(self, lane)
@@ -210,6 +230,11 @@ class CoreLane:
     def busy(self) -> bool:
         return self.lane.busy
 
+    @property
+    def held_by_stack(self) -> float:
+        """Seconds the current (or last finished) job ran longer than its work because of the stack's lanes."""
+        return self.lane.held_by_stack
+
     def run(self, work_s: float, done: Callable[[Any], None], arg: Any) -> None:
         """Run `work_s` seconds of work (at the whole core); `done(arg)` when it is through."""
         self.core._start(self.lane, work_s, done, arg)
@@ -222,10 +247,10 @@ class CoreLane:
 class SharedCore(_LaneSet):
     """A CPU core time-sliced by the workers pinned to it: k busy lanes each run at 1/k."""
 
-    def lane(self, node: str, first: bool = False) -> CoreLane:
-        """A lane for node `node`'s worker (its usage is the node's own business); `first`: it preempts the
-        others (_Lane.first)."""
-        lane = _Lane(node, first)
+    def lane(self, node: str, first: bool = False, stack: bool = False) -> CoreLane:
+        """A lane for node `node`'s worker (its usage is the node's own business), or with `stack` for the serving
+        stack's jobs (_Lane.stack); `first`: it preempts the others (_Lane.first)."""
+        lane = _Lane(node, first, stack)
         self.lanes.append(lane)
         return CoreLane(self, lane)
 

@@ -83,11 +83,12 @@ class Engine:
             lengths = [max(lengths)] * len(lengths)
         return batch(self.tier, lengths)
 
-    def finish_step(self, plan: StepPlan, now: float) -> StepResult:
+    def finish_step(self, plan: StepPlan, now: float, by_stack_s: float = 0.0) -> StepResult:
+        """The step ended at `now`; `by_stack_s`: how much longer the stack's jobs beside it made it (metered)."""
         if (meter := self.cluster.meter) is not None:
             started, work = self._metered
             meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0, now,
-                       meter.stretch(started, now, work))
+                       meter.stretch(started, now, work, by_stack_s))
         out = self.model.complete(plan)
         stack = self.cluster.stack
         stack.tokens(plan.decodes + len(out.first_tokens), 1, self.node)
@@ -224,7 +225,7 @@ class LLMNode:
 
     def _stepped(self, plan: StepPlan) -> None:
         now = self.cluster.events.now
-        self.engine.finish_step(plan, now)
+        self.engine.finish_step(plan, now, self.lane.held_by_stack if self.lane is not None else 0.0)
         if self.coast is not None and self.coast.start(now):
             return
         self._next(now)

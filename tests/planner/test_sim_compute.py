@@ -24,8 +24,8 @@ PROFILE = Profile(tier="cpu", model="tiny-llava", measured_at="2026-12-06",
                                              decode_seq_s=0.0001, hop_s=0.001))
 
 
-def simulate(requests, spec="E@cpu, P+D@cpu", **kw):
-    perf = PerfModel(load_catalog(), TINY, [PROFILE])
+def simulate(requests, spec="E@cpu, P+D@cpu", profile=PROFILE, **kw):
+    perf = PerfModel(load_catalog(), TINY, [profile])
     sim = Simulator(Deployment.parse(spec), perf, kv_bytes_per_token=TINY.kv_bytes_per_token(),
                     embedding_bytes_per_token=TINY.embedding_bytes(1), record_compute=True, **kw)
     return perf, sim.run(requests)
@@ -102,3 +102,28 @@ def test_a_share_of_the_stretch_counts_that_share_of_what_the_sharing_added():
     assert [r.finish for r in quarter.records] == [r.finish for r in own.records]
     with pytest.raises(ValueError, match=r"compute_stretched must be in \[0, 1\]"):
         simulate(requests, compute_stretched=1.5)
+
+
+def test_the_stack_s_part_of_a_stretch_counts_at_its_own_share():
+    """compute_stack_stretched counts the part of a forward's stretch the stack's jobs caused at its own share:
+    with the stack on the encode worker's core (its only other job there), the encoder's stretch is all the stack's,
+    so stretched 0 / stack 1 counts it as stretched 1 does, and stretched 1 / stack 0 as stretched 0 does."""
+    from coordinator.planner.sim_compute import ComputeMeter
+
+    requests = [SimRequest(i, 0.004 * i, "image", 1, 196, 10, 8) for i in range(6)]
+    busy_stack = PROFILE.model_copy(update={"overheads": PROFILE.overheads.model_copy(
+        update={"request_latency_s": 0.004, "stack_cpu_request_s": 0.005, "stack_cpu_token_s": 0.001})})
+    stack = {"stack_cores": {"0-E-cpu": 1.0}, "stack_placement": "idlest", "profile": busy_stack}
+    _, own = simulate(requests, **stack)
+    _, full = simulate(requests, compute_stretched=1.0, **stack)
+    _, stack_only = simulate(requests, compute_stretched=0.0, compute_stack_stretched=1.0, **stack)
+    _, workers_only = simulate(requests, compute_stretched=1.0, compute_stack_stretched=0.0, **stack)
+    assert full.compute_s["encode"] > own.compute_s["encode"]          # the stack's jobs did stretch the encoder
+    assert stack_only.compute_s["encode"] == pytest.approx(full.compute_s["encode"])
+    assert workers_only.compute_s["encode"] == pytest.approx(own.compute_s["encode"])
+    meter = ComputeMeter(PerfModel(load_catalog(), TINY, [PROFILE]), stretched=0.2, stack_stretched=0.6)
+    # 10 ms of work over 16 ms of wall, 4 ms of the 6 ms added by the stack: 1 + (0.2 x 2 + 0.6 x 4) / 10
+    assert meter.stretch(0.0, 0.016, 0.010, 0.004) == pytest.approx(1.28)
+    assert meter.stretch(0.0, 0.016, 0.010, 0.009) == pytest.approx(1.36)   # never more than what was added
+    with pytest.raises(ValueError, match="stack_stretched"):
+        ComputeMeter(PerfModel(load_catalog(), TINY, [PROFILE]), stack_stretched=1.2)

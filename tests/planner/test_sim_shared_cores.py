@@ -226,3 +226,49 @@ def test_an_unpartitioned_e_plus_p_processor_loses_the_same_share():
     gpu.start_prefill(0.4, lambda _: done.__setitem__("prefill", events.now), None)
     events.run()
     assert done == pytest.approx({"encode": 1.0, "prefill": 1.0})
+
+
+def test_a_lane_counts_what_the_stack_lanes_beside_it_added_and_not_what_other_workers_did():
+    """A worker's job of 0.6 s beside a stack job of 0.2 s and another worker's job of 0.3 s, from t = 0, perfect
+    sharing: three at 1/3 until the stack job is through (0.6 s), two at 1/2 until the other worker's is (0.8 s),
+    then alone (0.3 s left: 1.1 s). Over 0-0.6 s the worker lost 0.4 s, half of it to the stack lane (one of the two
+    others); over 0.6-0.8 s 0.1 s, none of it. By the stack: 0.2 s of the 0.5 s added."""
+    events, done = EventQueue(), {}
+    core = SharedCore(events, "core 0")
+    worker, other, stack = core.lane("n0"), core.lane("n1"), core.lane("stack", stack=True)
+    for lane, work in ((worker, 0.6), (other, 0.3), (stack, 0.2)):
+        lane.run(work, lambda w: done.__setitem__(w, events.now), work)
+    events.run()
+    assert done == pytest.approx({0.2: 0.6, 0.3: 0.8, 0.6: 1.1})
+    assert worker.held_by_stack == pytest.approx(0.2)
+    assert other.held_by_stack == pytest.approx(0.2)     # 0.4 s lost over 0-0.6 s, half to the stack
+    assert stack.held_by_stack == pytest.approx(0.0)     # it is the stack: what other stack lanes add would count
+    worker.run(0.1, lambda _: None, None)                # a new job starts its count afresh
+    events.run()
+    assert worker.held_by_stack == 0.0
+
+
+def test_a_stack_lane_that_runs_first_holds_a_worker_back_whole():
+    """With the stack preempting (Simulator.stack_preempts), a worker waits while a stack job runs: all of its wait
+    is the stack's."""
+    events, done = EventQueue(), {}
+    core = SharedCore(events, "core 0")
+    worker, stack = core.lane("n0"), core.lane("stack", first=True, stack=True)
+    worker.run(0.5, lambda _: done.__setitem__("worker", events.now), None)
+    events.at(0.1, lambda _: stack.run(0.2, lambda _: done.__setitem__("stack", events.now), None), None)
+    events.run()
+    assert done == pytest.approx({"stack": 0.3, "worker": 0.7})
+    assert worker.held_by_stack == pytest.approx(0.2)
+
+
+def test_a_worker_waiting_behind_a_preempting_stack_lane_is_held_by_the_stack_alone():
+    """A first-running stack job beside two workers: both wait for it whole (the other worker takes nothing from them
+    meanwhile), then share the core: only the stack's 0.1 s counts as the stack's."""
+    events = EventQueue()
+    core = SharedCore(events, "core 0")
+    a, b, stack = core.lane("a"), core.lane("b"), core.lane("stack", first=True, stack=True)
+    a.run(0.2, lambda _: None, None)
+    b.run(0.2, lambda _: None, None)
+    stack.run(0.1, lambda _: None, None)
+    events.run()
+    assert a.held_by_stack == pytest.approx(0.1) and b.held_by_stack == pytest.approx(0.1)
