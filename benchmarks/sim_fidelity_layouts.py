@@ -141,10 +141,10 @@ COMPUTE_STACK_STRETCHED: float | None = None
 jobs beside it caused (None: COMPUTE_STRETCHED). Measured apart, the stack's kind of work (brief wake-ups) beside a
 worker on its core lands 0.90-1.00 inside the worker's forward timer (median 0.97 over encode, prefill and decode,
 `python -m benchmarks.timer_interrupts`, benchmarks/results/sim_fidelity_s26/timer_interrupts.json). Judged at 0.97 on
-the five saved record sets (cells within 10 % at the runs' mean speed): the quiet ones 11 -> 7 and 12 -> 10, the slow
-ones 3 -> 5, 6 -> 6 and 4 -> 3 (benchmarks/results/sim_fidelity_s26/README.md). Left at None: the slow phases' misses
-are not this, and the quiet phases say the model around it (processor sharing with the stack) is not right enough
-for the measured share to help."""
+the six saved record sets (cells within 10 % at the runs' mean speed): the quiet ones 11 -> 7 and 12 -> 10, the slow
+ones 3 -> 5, 6 -> 6, 4 -> 3 and 1 -> 4 (benchmarks/results/sim_fidelity_s26/README.md). Left at None: it trades the
+quiet phases, where the figures hold, for part of the slow ones; the model around it (the stack processor-shared with
+the workers) is not right enough for the measured share to help."""
 GROUP_SHARING = True
 """Simulate each layout's shared cores at their measured pair's share (Layout.group_sharing); `sim_fidelity
 --core-sharing X` turns it off: X on every time-sliced core."""
