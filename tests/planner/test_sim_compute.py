@@ -11,6 +11,7 @@ from coordinator.planner.deployment import Deployment
 from coordinator.planner.perf import PerfModel
 from coordinator.planner.profile import Profile, ProfileOverheads
 from coordinator.planner.sim import Simulator
+from coordinator.planner.sim_compute import ComputeMeter
 from coordinator.planner.workload import SimRequest
 
 TINY = get_arch("tiny-llava")
@@ -108,8 +109,6 @@ def test_the_stack_s_part_of_a_stretch_counts_at_its_own_share():
     """compute_stack_stretched counts the part of a forward's stretch the stack's jobs caused at its own share:
     with the stack on the encode worker's core (its only other job there), the encoder's stretch is all the stack's,
     so stretched 0 / stack 1 counts it as stretched 1 does, and stretched 1 / stack 0 as stretched 0 does."""
-    from coordinator.planner.sim_compute import ComputeMeter
-
     requests = [SimRequest(i, 0.004 * i, "image", 1, 196, 10, 8) for i in range(6)]
     busy_stack = PROFILE.model_copy(update={"overheads": PROFILE.overheads.model_copy(
         update={"request_latency_s": 0.004, "stack_cpu_request_s": 0.005, "stack_cpu_token_s": 0.001})})
