@@ -86,6 +86,8 @@ class _LaneSet:
         self.sharing = sharing
         """The share of the processor k >= 2 busy time-slicing lanes get in all (module docstring)."""
         self.lanes: list[_Lane] = []
+        self.has_stack = False
+        """A stack lane is here: only then is a lane's stretch split between the stack and the rest (_Lane.stack_part)."""
         self.watchers: list[Callable[[], None]] = []
         """Called whenever a lane here starts or stops (sim_stack: floating jobs look for a freer core)."""
 
@@ -122,15 +124,16 @@ class _LaneSet:
         return lane.work_left, done[0], done[1]
 
     def _reflow(self, now: float) -> None:
-        busy = [lane for lane in self.lanes if lane.busy]
+        busy = [lane for lane in self.lanes if lane.busy] if self.has_stack else []
         first = [lane for lane in busy if lane.first]
         for lane, speed in zip(self.lanes, self._speeds()):
             if not lane.busy:
                 continue
             lane.hold(now)
-            # who takes the processor from it next: the lanes that run first (it waits), else every other busy lane
-            takers = first if first and not lane.first else [o for o in (first or busy) if o is not lane]
-            lane.stack_part = sum(o.stack for o in takers) / len(takers) if takers else 0.0
+            if self.has_stack:
+                # who takes the processor from it next: the lanes that run first (it waits), else every other busy lane
+                takers = first if first and not lane.first else [o for o in (first or busy) if o is not lane]
+                lane.stack_part = sum(o.stack for o in takers) / len(takers) if takers else 0.0
             if speed == lane.speed and lane.scheduled:
                 continue
             lane.speed = speed
@@ -180,6 +183,7 @@ class SharedGPU(_LaneSet):
             raise ValueError(f"{self.name}: only an unpartitioned (mode='none') E+P processor takes other jobs' "
                              f"lanes; this one has mode={self.partition.config.mode!r}")
         lane = _Lane(name, first, stack)
+        self.has_stack |= stack
         self._guests.append(lane)
         self.lanes.append(lane)
         return CoreLane(self, lane)
@@ -251,6 +255,7 @@ class SharedCore(_LaneSet):
         """A lane for node `node`'s worker (its usage is the node's own business), or with `stack` for the serving
         stack's jobs (_Lane.stack); `first`: it preempts the others (_Lane.first)."""
         lane = _Lane(node, first, stack)
+        self.has_stack |= stack
         self.lanes.append(lane)
         return CoreLane(self, lane)
 
