@@ -45,7 +45,7 @@ from typing import TypeVar
 from rich.console import Console
 
 from benchmarks.sim_fidelity import rounded, workload
-from benchmarks.sim_fidelity_speed import at_run_speed, live_compute, mean_figures
+from benchmarks.sim_fidelity_speed import SPEED_GROUPS, at_run_speed, live_compute, mean_figures
 from benchmarks.sim_fidelity_trace import TRACE_BINS, at_run_trace, live_windows, trace_window_s
 from coordinator.launcher import ClusterSpec
 from coordinator.planner.arch import get_arch
@@ -223,13 +223,14 @@ LAYOUTS = {l.name: l for l in (
 def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_in_share: float | None = None,
              stack_cores: dict[str, float] | None = None, placement: str | None = None,
              routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
-             speed: tuple[float, float] = (1.0, 1.0), record_compute: bool = False,
+             speed: tuple[float, float, float] = (1.0, 1.0, 1.0), record_compute: bool = False,
              trace: HostTrace | None = None) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
     measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
-    (stack_shares), evenly over `layout.core_nodes` when not given; `speed`: the encoder's and the LLM
-    workers' times as multiples of the profile's (sim_fidelity_speed.py); `record_compute`: sum the workers'
-    compute as live workers report it (SimResult.compute_s, and per window of `trace` with one);
+    (stack_shares), evenly over `layout.core_nodes` when not given; `speed`: the encoder's, the LLM's
+    prefill steps' and its other times as multiples of the profile's (sim_fidelity_speed.py);
+    `record_compute`: sum the workers' compute as live workers report it (SimResult.compute_s, and per
+    window of `trace` with one);
     `trace`: the host's speed over the run, on top of `speed` (sim_fidelity_trace.py)."""
     arch = get_arch(profile.model)
     if stack_cores is None:
@@ -237,7 +238,7 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
     contention = "none" if stack_cores else "encode_core"  # on stack cores the lanes charge the CPU
     perf = PerfModel(load_catalog(), arch, [profile], overheads=True, host_contention=contention,
                      hop_in_share=hop_in_share)
-    perf.encode_slowdown, perf.slowdown = speed
+    perf.encode_slowdown, perf.prefill_slowdown, perf.slowdown = speed
     sim = Simulator(layout.deployment_obj(), perf, kv_bytes_per_token=arch.kv_bytes_per_token(),
                     embedding_bytes_per_token=arch.embedding_bytes(1), shared_cores=layout.shared_cores,
                     load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
@@ -266,7 +267,7 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
              hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None,
              routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
-             speed: tuple[float, float] = (1.0, 1.0), trace: HostTrace | None = None) -> dict:
+             speed: tuple[float, float, float] = (1.0, 1.0, 1.0), trace: HostTrace | None = None) -> dict:
     result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before,
                       loop_share=loop_share, speed=speed, record_compute=True, trace=trace)
     total = sum(result.stack_cpu_s.values())
@@ -361,7 +362,7 @@ def judge(report: dict, requests: int, seed: int) -> None:
         cell["within_10pct_run_speed"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_speed"].values())
         traced = []
         for run, at_speed in zip(cell["live_runs"], runs):
-            speed, window = (at_speed["speed"]["encode"], at_speed["speed"]["llm"]), trace_window_s(run["records"])
+            speed, window = tuple(at_speed["speed"][k] for k in SPEED_GROUPS), trace_window_s(run["records"])
             traced.append(at_run_trace(
                 functools.partial(sim_cell, layout, profile, reqs, slo, share, cores, before, loop, speed),
                 live_windows(run["records"], window), window) | {"speed": at_speed["speed"]})

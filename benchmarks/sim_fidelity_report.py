@@ -79,17 +79,17 @@ def layout_section(rep: dict) -> list[str]:
 
     lines += _table(rep["cells"], "sim", "error", "load avg (others' CPU, cores) per run", loads)
     if all("sim_run_speed" in c for c in rep["cells"]):
-        lines += ["", ("At each live run's own speed (sim_fidelity_speed.py: the profile's encode and LLM times scaled "
-                       "until the simulated compute, summed as the workers report it, is the run's; the two runs "
-                       "simulated apart and their figures averaged):"), ""]
-        lines += _table(rep["cells"], "sim_run_speed", "error_run_speed", "speed per run (encode, LLM)",
-                        lambda c: "; ".join(f"{r['speed']['encode']:.2f}, {r['speed']['llm']:.2f}"
+        lines += ["", ("At each live run's own speed (sim_fidelity_speed.py: the profile's encode, prefill and decode "
+                       "times scaled until the simulated compute, summed as the workers report it, is the run's; the "
+                       "two runs simulated apart and their figures averaged):"), ""]
+        lines += _table(rep["cells"], "sim_run_speed", "error_run_speed", "speed per run (encode, prefill, decode)",
+                        lambda c: "; ".join(", ".join(f"{f:.2f}" for f in r["speed"].values())
                                             for r in c["sim_run_speed"]["runs"]))
     if all("sim_run_trace" in c for c in rep["cells"]):
         lines += ["", ("At each live run's speed over time (sim_fidelity_trace.py: the run's speed per window, "
                        "read from the workers' timers window by window; the two runs simulated apart and averaged):"), ""]
-        lines += _table(rep["cells"], "sim_run_trace", "error_run_trace", "LLM factor per window, run 1; run 2",
-                        lambda c: "; ".join(" ".join(f"{r['speed']['llm'] * f:.2f}" for f in r["trace"]["llm"])
+        lines += _table(rep["cells"], "sim_run_trace", "error_run_trace", "decode factor per window, run 1; run 2",
+                        lambda c: "; ".join(" ".join(f"{r['speed']['decode'] * f:.2f}" for f in r["trace"]["llm"])
                                             for r in c["sim_run_trace"]["runs"]))
     if all("live_spread" in c for c in rep["cells"]):
         q = "/".join(f"p{x}" for x in SPREAD)

@@ -5,11 +5,15 @@ others (two live runs minutes apart: the decode worker's steps 2.34 vs 3.06 ms; 
 while the profiles, taken minutes away, do not carry the phase. The workers' own timers do: every live request
 reports the compute of its micro-batch's encoder call (encode_s) and of the engine steps it was in (prefill_s,
 decode_s), and the simulator sums the same from its run (Simulator(record_compute=True), sim_compute.py). Their
-ratio is the host's speed in that run against the profile, for the encoder and for the LLM workers.
+ratio is the host's speed in that run against the profile: for the encoder, the LLM's prefill steps and its decode
+steps.
 
-`at_run_speed` simulates a run at its own speed: the profile's encode and LLM times scaled by those ratios (the
-overheads and the transfers with the LLM's, as PerfModel.slowdown scales them), found by iterating (a scaled
-step changes how the engine batches, hence what the sums weigh) until the simulated compute matches the run's.
+`at_run_speed` simulates a run at its own speed: the profile's encode, prefill and decode times scaled by those
+ratios (the overheads and the transfers with the decode's, as PerfModel.slowdown scales them), found by iterating
+(a scaled step changes how the engine batches, hence what the sums weigh) until the simulated compute matches the
+run's. Prefill and decode are read apart: the host's slow phases slow a short forward (a decode step, ~2 ms) more
+than a long one (a prefill, ~20 ms), and one LLM factor, read mostly from the decode steps, put the slow phases'
+simulated prefill compute up to 1.54x the live one where the decode's matched (benchmarks/results/sim_fidelity_s27/).
 Only the compute's total is taken from the run; when and how long requests wait, how the engine batches, the
 hops, the hand-offs and the stack's CPU stay the simulator's: what the figures judged (goodput, P50 TTFT, mean
 TPOT) test. Both readings are reported: at the profile's speed (`sim`), at each run's
@@ -24,8 +28,12 @@ from collections.abc import Callable
 ITERATIONS = 6
 """Rounds of scaling (the best kept). The simulation is discrete (a step more or less in a batch, a request
 stolen or not), so the rounds come within 1-2 % of the run's compute rather than converge: a 'live' run simulated
-at (1.25, 1.4) is read back at (1.25, 1.40-1.44) (tests/planner/test_sim_fidelity_speed.py)."""
+at (1.25, 1.4, 1.4) is read back at (1.25, 1.40, 1.37-1.40) (tests/planner/test_sim_fidelity_speed.py)."""
 STAGES = ("encode", "prefill", "decode")
+SPEED_GROUPS: dict[str, tuple[str, ...]] = {"encode": ("encode",), "prefill": ("prefill",), "decode": ("decode",)}
+"""A run's speed: one factor per stage the workers time (encode, prefill, decode), in this order."""
+LLM_GROUPS: dict[str, tuple[str, ...]] = {"encode": ("encode",), "llm": ("prefill", "decode")}
+"""The encoder's factor and one for the LLM's two stages (the speed trace's windows, sim_fidelity_trace.py)."""
 
 
 def live_compute(saved: dict[str, list]) -> dict[str, float]:
@@ -35,19 +43,23 @@ def live_compute(saved: dict[str, list]) -> dict[str, float]:
     return {stage: sum(saved[f"{stage}_s"][i] or 0.0 for i in ok) for stage in STAGES if f"{stage}_s" in saved}
 
 
-def calibrated(live: dict[str, float], simulated: dict[str, float]) -> dict[str, tuple[float, float]]:
-    """(live, simulated) compute of what each factor answers for: the encoder's encode, the LLM's prefill +
-    decode (the stages the live run holds)."""
-    stages = [s for s in ("prefill", "decode") if s in live]
-    return {"encode": (live.get("encode", 0.0), simulated.get("encode", 0.0)),
-            "llm": (sum(live[s] for s in stages), sum(simulated.get(s, 0.0) for s in stages))}
+def calibrated(live: dict[str, float], simulated: dict[str, float],
+               groups: dict[str, tuple[str, ...]] = SPEED_GROUPS) -> dict[str, tuple[float, float]]:
+    """(live, simulated) compute of what each factor of `groups` answers for, over the stages the live run holds."""
+    out = {}
+    for name, stages in groups.items():
+        held = [s for s in stages if s in live]
+        out[name] = (sum(live[s] for s in held), sum(simulated.get(s, 0.0) for s in held))
+    return out
 
 
-def speed_factors(live: dict[str, float], simulated: dict[str, float], speed: tuple[float, float]) -> tuple[float, float]:
-    """`speed` corrected once by the live / simulated compute (calibrated); a factor with nothing to compare stays."""
-    pairs = calibrated(live, simulated)
+def speed_factors(live: dict[str, float], simulated: dict[str, float], speed: tuple[float, ...],
+                  groups: dict[str, tuple[str, ...]] = SPEED_GROUPS) -> tuple[float, ...]:
+    """`speed` (a factor per group) corrected once by the live / simulated compute (calibrated); a factor with
+    nothing to compare stays."""
+    pairs = calibrated(live, simulated, groups)
     return tuple(f * (pairs[k][0] / pairs[k][1] if pairs[k][0] and pairs[k][1] else 1.0)
-                 for f, k in zip(speed, ("encode", "llm")))
+                 for f, k in zip(speed, groups))
 
 
 def mismatch(live: dict[str, float], simulated: dict[str, float]) -> dict[str, float]:
@@ -55,11 +67,12 @@ def mismatch(live: dict[str, float], simulated: dict[str, float]) -> dict[str, f
     return {k: sim / run - 1 for k, (run, sim) in calibrated(live, simulated).items() if run and sim}
 
 
-def at_run_speed(simulate: Callable[[tuple[float, float]], dict], live: dict[str, float]) -> dict:
-    """`simulate(speed)` (a sim_cell with its compute_s) at the speed, of those the rounds tried, whose compute
-    is closest to the run's `live` compute (the largest mismatch smallest); the result carries `speed`
-    (encode, LLM), the compute it matched and the mismatch left."""
-    speed, best = (1.0, 1.0), None
+def at_run_speed(simulate: Callable[[tuple[float, float, float]], dict], live: dict[str, float]) -> dict:
+    """`simulate(speed)` (a sim_cell with its compute_s) at the speed (encode, prefill, decode), of those the rounds
+    tried, whose compute is closest to the run's `live` compute (the largest mismatch smallest); the result carries
+    `speed`, the compute it matched and the mismatch left. Records without prefill compute (before 2026-12-06) give
+    the prefill the decode's factor, one LLM factor as then."""
+    speed, best = (1.0, 1.0, 1.0), None
     for _ in range(ITERATIONS):
         out = simulate(speed)
         miss = mismatch(live, out["compute_s"])
@@ -67,8 +80,10 @@ def at_run_speed(simulate: Callable[[tuple[float, float]], dict], live: dict[str
         if best is None or worst < best[0]:
             best = (worst, speed, out, miss)
         speed = speed_factors(live, out["compute_s"], speed)
+        if "prefill" not in live:
+            speed = (speed[0], speed[2], speed[2])
     _, speed, out, miss = best
-    return out | {"speed": {"encode": round(speed[0], 4), "llm": round(speed[1], 4)},
+    return out | {"speed": {k: round(f, 4) for k, f in zip(SPEED_GROUPS, speed)},
                   "live_compute_s": {k: round(v, 4) for k, v in live.items()},
                   "compute_mismatch": {k: round(m, 4) for k, m in miss.items()}}
 

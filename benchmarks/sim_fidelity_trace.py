@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from benchmarks.sim_fidelity_speed import ITERATIONS, STAGES, calibrated, speed_factors
+from benchmarks.sim_fidelity_speed import ITERATIONS, LLM_GROUPS, STAGES, calibrated, speed_factors
 from coordinator.planner.sim_noise import HostTrace
 
 TRACE_WINDOWS = 6
@@ -101,7 +101,7 @@ def at_run_trace(simulate: Callable[[HostTrace], dict], live: list[dict[str, flo
         if miss < TRACE_CLOSE_ENOUGH:
             break
         for w in range(TRACE_WINDOWS):
-            encode[w], llm[w] = speed_factors(live[w], simulated[w], (encode[w], llm[w]))
+            encode[w], llm[w] = speed_factors(live[w], simulated[w], (encode[w], llm[w]), LLM_GROUPS)
     miss, trace, out = best
     return out | {"trace": {"window_s": round(trace.window_s, 3), "encode": [round(f, 4) for f in trace.encode],
                             "llm": [round(f, 4) for f in trace.llm]},
@@ -112,7 +112,7 @@ def _weighted_mismatch(live: list[dict[str, float]], simulated: list[dict[str, f
     """Over the windows and the factors' stages (calibrated), |simulated / live - 1| weighted by the live compute."""
     total = weighted = 0.0
     for run, sim in zip(live, simulated):
-        for seconds, simulated_s in calibrated(run, sim).values():
+        for seconds, simulated_s in calibrated(run, sim, LLM_GROUPS).values():
             if seconds and simulated_s:
                 total += seconds
                 weighted += seconds * abs(simulated_s / seconds - 1)

@@ -172,6 +172,10 @@ class PerfModel:
         """LLM and transfer times are multiplied by this (> 1 under host CPU contention; see under_load)."""
         self.encode_slowdown = 1.0
         """Encode times are multiplied by this."""
+        self.prefill_slowdown: float | None = None
+        """Prefill steps are multiplied by this; None: by `slowdown`, as the LLM's other times. A host that slows
+        short forwards more than long ones (a decode step ~2 ms, a prefill ~20 ms) runs its two at different
+        factors (benchmarks/sim_fidelity_speed.py reads them apart from a live run)."""
         self.stack_slowdown = 1.0
         """request_latency_s (the stack's own time per request) is multiplied by this."""
         self.arch = arch
@@ -284,6 +288,8 @@ class PerfModel:
         view.stack_slowdown = self.stack_slowdown * stretch
         if self.contention == "uniform":
             view.slowdown = self.slowdown * stretch
+            if self.prefill_slowdown is not None:
+                view.prefill_slowdown = self.prefill_slowdown * stretch
         return view
 
     def without_overheads(self) -> PerfModel:
@@ -327,7 +333,8 @@ class PerfModel:
         if measured is None:
             measured = self.roofline_s(tier, *prefill_batch_cost(self.arch, lengths))
         o = self._overheads(tier)
-        return (measured if o is None else measured + max(0.0, o.prefill_step_s - o.decode_step_s)) * self.slowdown
+        factor = self.slowdown if self.prefill_slowdown is None else self.prefill_slowdown
+        return (measured if o is None else measured + max(0.0, o.prefill_step_s - o.decode_step_s)) * factor
 
     def decode_step_s(self, tier: str, batch: int, context_tokens: int) -> float:
         if batch < 0 or context_tokens < 0:  # the hottest call in a simulation: check without building kwargs

@@ -115,6 +115,23 @@ def test_perf_model_adds_each_overhead_where_it_occurs():
     assert on.under_load(10, 20).prefill_s("cpu", 100) == on.prefill_s("cpu", 100)   # no stack measured
 
 
+def test_prefill_slowdown_scales_the_prefill_steps_alone_and_follows_slowdown_when_unset():
+    p = overhead_profile(prefill_step_s=0.004, decode_step_s=0.0005, decode_seq_s=0.0001, hop_s=0.003)
+    base = PerfModel(load_catalog(), TINY, [p])
+    perf = PerfModel(load_catalog(), TINY, [p])
+    perf.slowdown = 1.5
+    assert perf.prefill_s("cpu", 100) == pytest.approx(0.0135 * 1.5)       # unset: the LLM's one factor
+    perf.prefill_slowdown = 1.1
+    assert perf.prefill_s("cpu", 100) == pytest.approx(0.0135 * 1.1)       # the step's overhead with it
+    assert perf.prefill_batch_s("cpu", (100, 100)) == pytest.approx(base.prefill_batch_s("cpu", (100, 100)) * 1.1)
+    assert perf.decode_step_s("cpu", 1, 100) == pytest.approx(0.0036 * 1.5)
+    assert perf.transfer_s(1000, "cpu", "cpu", True) == pytest.approx(base.transfer_s(1000, "cpu", "cpu", True) * 1.5)
+    q = overhead_profile(stack_cpu_request_s=0.01, stack_cpu_token_s=0.001, shared_cores=2, prefill_step_s=0.004)
+    loaded = PerfModel(load_catalog(), TINY, [q], host_contention=True)
+    loaded.prefill_slowdown = 1.1
+    assert loaded.under_load(10, 30).prefill_s("cpu", 100) == pytest.approx(loaded.prefill_s("cpu", 100) / 0.8)
+
+
 def test_under_load_stretches_times_by_the_stacks_share_of_the_cores():
     p = overhead_profile(stack_cpu_request_s=0.01, stack_cpu_token_s=0.001, shared_cores=2, request_latency_s=0.02)
     assert PerfModel(load_catalog(), TINY, [p]).under_load(10, 30).slowdown == 1.0    # opt-in

@@ -67,15 +67,15 @@ def test_a_run_under_a_known_trace_is_read_back_at_it(profile):
     layout = LAYOUTS["epd"]
     reqs = workload(6.0, profile.encode["image"].tokens_per_item).generate(80, seed=5)
     window = max(r.arrival for r in reqs) / TRACE_WINDOWS
-    speed, truth = (1.2, 1.15), HostTrace(window, encode=(1.0,) * TRACE_WINDOWS, llm=(0.87,) * 3 + (1.13,) * 3)
+    speed, truth = (1.2, 1.15, 1.15), HostTrace(window, encode=(1.0,) * TRACE_WINDOWS, llm=(0.87,) * 3 + (1.13,) * 3)
     saved = saved_run(simulate(layout, profile, reqs, record_compute=True, speed=speed, trace=truth), window)
     live = sim_cell(layout, profile, reqs, layout.slo, speed=speed, trace=truth)
     mean = at_run_speed(lambda s: sim_cell(layout, profile, reqs, layout.slo, speed=s), live_compute(saved))
-    found = (mean["speed"]["encode"], mean["speed"]["llm"])
+    found = tuple(mean["speed"].values())
     traced = at_run_trace(lambda t: sim_cell(layout, profile, reqs, layout.slo, speed=found, trace=t),
                           live_windows(saved, window), window)
     assert traced["trace_mismatch"] < 0.01
-    for stage, mean_factor, true_factor in (("encode", found[0], speed[0]), ("llm", found[1], speed[1])):
+    for stage, mean_factor, true_factor in (("encode", found[0], speed[0]), ("llm", found[2], speed[2])):
         measured = [mean_factor * f for f in traced["trace"][stage]]
         true = [true_factor * f for f in getattr(truth, stage)]
         assert measured == pytest.approx(true, rel=0.03), (stage, measured, true)
