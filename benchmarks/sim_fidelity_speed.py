@@ -11,9 +11,10 @@ steps.
 `at_run_speed` simulates a run at its own speed: the profile's encode, prefill and decode times scaled by those
 ratios (the overheads and the transfers with the decode's, as PerfModel.slowdown scales them), found by iterating
 (a scaled step changes how the engine batches, hence what the sums weigh) until the simulated compute matches the
-run's. Prefill and decode are read apart: the host's slow phases slow a short forward (a decode step, ~2 ms) more
-than a long one (a prefill, ~20 ms), and one LLM factor, read mostly from the decode steps, put the slow phases'
-simulated prefill compute up to 1.54x the live one where the decode's matched (benchmarks/results/sim_fidelity_s27/).
+run's. Prefill and decode are read apart: the host's slow phases slow a short forward (a decode step, ~2 ms) and a
+long one (a prefill, ~20 ms) by different amounts, either way round, and one LLM factor, read mostly from the decode
+steps, put the slow phases' simulated prefill compute at 0.73-1.54x the live one where the decode's matched
+(benchmarks/results/sim_fidelity_s27/).
 Only the compute's total is taken from the run; when and how long requests wait, how the engine batches, the
 hops, the hand-offs and the stack's CPU stay the simulator's: what the figures judged (goodput, P50 TTFT, mean
 TPOT) test. Both readings are reported: at the profile's speed (`sim`), at each run's

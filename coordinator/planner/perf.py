@@ -174,8 +174,8 @@ class PerfModel:
         """Encode times are multiplied by this."""
         self.prefill_slowdown: float | None = None
         """Prefill steps are multiplied by this; None: by `slowdown`, as the LLM's other times. A host that slows
-        short forwards more than long ones (a decode step ~2 ms, a prefill ~20 ms) runs its two at different
-        factors (benchmarks/sim_fidelity_speed.py reads them apart from a live run)."""
+        short forwards (a decode step, ~2 ms) and long ones (a prefill, ~20 ms) by different amounts runs the two
+        at different factors (benchmarks/sim_fidelity_speed.py reads them apart from a live run)."""
         self.stack_slowdown = 1.0
         """request_latency_s (the stack's own time per request) is multiplied by this."""
         self.arch = arch
