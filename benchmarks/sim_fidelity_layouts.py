@@ -22,7 +22,9 @@ overheads; the serving stack's CPU on the encode worker's core).
 
 Per layout and rate: two live runs (their difference is the noise floor of the shared host) against
 the simulation, on goodput, P50 TTFT and mean TPOT, at the profiles' speed and again at each live run's own
-(sim_fidelity_speed.py: the host's phase, read from the workers' compute timers), under the layout's SLO, chosen tight enough that
+(sim_fidelity_speed.py: the host's phase, read from the workers' compute timers), at its speed over time
+(sim_fidelity_trace.py) and at its speed with its host noise (sim_fidelity_noise.py: how widely and for how long
+the host's speed wandered, read from the same timers request by request), under the layout's SLO, chosen tight enough that
 attainment lands between 50 % and 95 % at the middle rate so that goodput depends on the latency
 distributions. Every live request's times are saved, so the figures can be judged again under
 another SLO and re-simulated offline (--resimulate, --slo).
@@ -45,6 +47,7 @@ from typing import TypeVar
 from rich.console import Console
 
 from benchmarks.sim_fidelity import rounded, workload
+from benchmarks.sim_fidelity_noise import at_run_noise, live_step_stats, step_stats
 from benchmarks.sim_fidelity_speed import SPEED_GROUPS, at_run_speed, live_compute, mean_figures
 from benchmarks.sim_fidelity_trace import TRACE_BINS, at_run_trace, live_windows, trace_window_s
 from coordinator.launcher import ClusterSpec
@@ -224,14 +227,15 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
              stack_cores: dict[str, float] | None = None, placement: str | None = None,
              routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
              speed: tuple[float, float, float] = (1.0, 1.0, 1.0), record_compute: bool = False,
-             trace: HostTrace | None = None) -> SimResult:
+             trace: HostTrace | None = None, noise: HostNoise | None = None) -> SimResult:
     """`hop_in_share`: the way in's share of the profile's request latency when the profile did not
     measure it (PerfModel.hop_in_share); `stack_cores`: node -> share of the stack's CPU on its core
     (stack_shares), evenly over `layout.core_nodes` when not given; `speed`: the encoder's, the LLM's
     prefill steps' and its other times as multiples of the profile's (sim_fidelity_speed.py);
     `record_compute`: sum the workers' compute as live workers report it (SimResult.compute_s, and per
     window of `trace` with one);
-    `trace`: the host's speed over the run, on top of `speed` (sim_fidelity_trace.py)."""
+    `trace`: the host's speed over the run, on top of `speed` (sim_fidelity_trace.py); `noise`: the host's
+    speed moment to moment (sim_fidelity_noise.py; None: HOST_NOISE)."""
     arch = get_arch(profile.model)
     if stack_cores is None:
         stack_cores = {n: 1.0 / len(layout.core_nodes) for n in layout.core_nodes}
@@ -244,7 +248,8 @@ def simulate(layout: Layout, profile: Profile, requests: list[SimRequest], hop_i
                     load_report_s=LOAD_REPORT_S, stack_cores=stack_cores,
                     stack_placement=placement or STACK_PLACEMENT, relay_per_step=RELAY_PER_STEP, wake_affine=WAKE_AFFINE,
                     stack_loop_share=loop_share if COORDINATOR_LOOP else 0.0, stack_preempts=STACK_PREEMPTS,
-                    offload_routed_before=routed_before if ROUTED_BEFORE else 0, host_noise=HOST_NOISE,
+                    offload_routed_before=routed_before if ROUTED_BEFORE else 0,
+                    host_noise=noise if noise is not None else HOST_NOISE,
                     core_sharing=CORE_SHARING, group_sharing=layout.group_sharing if GROUP_SHARING else (),
                     record_compute=record_compute, compute_stretched=COMPUTE_STRETCHED,
                     compute_stack_stretched=COMPUTE_STACK_STRETCHED,
@@ -267,9 +272,10 @@ def relative(value: dict, ref: dict) -> dict[str, float | None]:
 def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO,
              hop_in_share: float | None = None, stack_cores: dict[str, float] | None = None,
              routed_before: int = 0, loop_share: float = COORDINATOR_SHARE,
-             speed: tuple[float, float, float] = (1.0, 1.0, 1.0), trace: HostTrace | None = None) -> dict:
+             speed: tuple[float, float, float] = (1.0, 1.0, 1.0), trace: HostTrace | None = None,
+             noise: HostNoise | None = None) -> dict:
     result = simulate(layout, profile, requests, hop_in_share, stack_cores, routed_before=routed_before,
-                      loop_share=loop_share, speed=speed, record_compute=True, trace=trace)
+                      loop_share=loop_share, speed=speed, record_compute=True, trace=trace, noise=noise)
     total = sum(result.stack_cpu_s.values())
     stolen = sum(e.stolen for e in result.encoders)
     local = sum(e.offload.local + e.offload.fallback_local for e in result.encoders)
@@ -279,7 +285,10 @@ def sim_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: 
                                                                result.stack_cpu_s.items()} if total else {},
                                            "spread": spread([r.ttft for r in result.records],
                                                             [r.tpot for r in result.records]),
-                                           "compute_s": {k: round(v, 4) for k, v in result.compute_s.items()}} | (
+                                           "compute_s": {k: round(v, 4) for k, v in result.compute_s.items()},
+                                           "step_stats": step_stats(
+                                               [result.decode_compute_s.get(r.request.request_id) for r in result.records],
+                                               [r.request.output_tokens for r in result.records])} | (
         {"compute_windows": result.compute_windows} if trace is not None else {})
 
 
@@ -371,6 +380,27 @@ def judge(report: dict, requests: int, seed: int) -> None:
                      for r in traced]}
         cell["error_run_trace"] = relative(cell["sim_run_trace"], cell["live_mean"])
         cell["within_10pct_run_trace"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_trace"].values())
+        targets = [live_step_stats(run["records"]) for run in cell["live_runs"]]
+        if None in targets:
+            continue  # records before 2026-12-06 hold no per-request decode compute to read the noise from
+        noisy = [at_run_noise(functools.partial(noisy_cell, layout, profile, reqs, slo, share, cores, before, loop, k),
+                              live_compute(run["records"]), target)
+                 for k, (run, target) in enumerate(zip(cell["live_runs"], targets))]
+        cell["sim_run_noise"] = mean_figures(noisy, list(METRICS) + ["slo_attainment", "ttft_mean_s"]) | {
+            "runs": [{k: r[k] for k in ("speed", "sigma", "period_s", "live_step_stats", "sim_step_stats",
+                                        "lag1_by_period", "compute_mismatch", "spread_mismatch", "spread")}
+                     | {m: r[m] for m in METRICS} for r in noisy]}
+        cell["error_run_noise"] = relative(cell["sim_run_noise"], cell["live_mean"])
+        cell["within_10pct_run_noise"] = all(e is not None and abs(e) <= 0.10 for e in cell["error_run_noise"].values())
+
+
+def noisy_cell(layout: Layout, profile: Profile, requests: list[SimRequest], slo: SLO, hop_in_share: float | None,
+               stack_cores: dict[str, float] | None, routed_before: int, loop_share: float, seed: int,
+               speed: tuple[float, float, float], sigma: float, period_s: float) -> dict:
+    """sim_cell at `speed` with host noise of `sigma` per `period_s` drawn from `seed` (none at sigma 0, HOST_NOISE
+    or not): at_run_noise's simulation."""
+    return sim_cell(layout, profile, requests, slo, hop_in_share, stack_cores, routed_before, loop_share, speed,
+                    noise=HostNoise(sigma=sigma, period_s=period_s, seed=seed))
 
 
 def hop_in_share(report: dict) -> float | None:

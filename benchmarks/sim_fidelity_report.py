@@ -44,6 +44,8 @@ def markdown(result: dict) -> str:
             tally += f", {sum(c['within_10pct_run_speed'] for c in cells)} of {len(cells)} at each run's own speed"
         if all("within_10pct_run_trace" in c for c in cells):
             tally += f", {sum(c['within_10pct_run_trace'] for c in cells)} of {len(cells)} at each run's speed over time"
+        if all("within_10pct_run_noise" in c for c in cells):
+            tally += f", {sum(c['within_10pct_run_noise'] for c in cells)} of {len(cells)} at each run's speed and noise"
         lines += ["", f"Cells with all three figures within 10 %: {tally}."]
     return "\n".join(lines) + "\n"
 
@@ -91,6 +93,16 @@ def layout_section(rep: dict) -> list[str]:
         lines += _table(rep["cells"], "sim_run_trace", "error_run_trace", "decode factor per window, run 1; run 2",
                         lambda c: "; ".join(" ".join(f"{r['speed']['decode'] * f:.2f}" for f in r["trace"]["llm"])
                                             for r in c["sim_run_trace"]["runs"]))
+    if all("sim_run_noise" in c for c in rep["cells"]):
+        lines += ["", ("At each live run's speed and host noise (sim_fidelity_noise.py: the noise's sigma and period read "
+                       "from the spread and the lag-1 autocorrelation of the requests' mean decode step, as the workers' "
+                       "timers report it, with the speed read as above; the two runs simulated apart and averaged):"), ""]
+        lines += _table(rep["cells"], "sim_run_noise", "error_run_noise",
+                        "sigma per period, ms, run 1; run 2 (spread live / sim)",
+                        lambda c: "; ".join(f"{r['sigma']:.2f} per {r['period_s'] * 1e3:g} "
+                                            f"({r['live_step_stats'][0]:.2f} / "
+                                            f"{r['sim_step_stats'][0] if r['sim_step_stats'] else math.nan:.2f})"
+                                            for r in c["sim_run_noise"]["runs"]))
     if all("live_spread" in c for c in rep["cells"]):
         q = "/".join(f"p{x}" for x in SPREAD)
         lines += ["", f"Spread, ms ({q}), live / sim: " + "; ".join(

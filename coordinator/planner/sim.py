@@ -103,6 +103,9 @@ class SimResult:
     compute_windows: dict[int, dict[str, float]] = field(default_factory=dict)
     """With record_compute and compute_window_s: compute_s per window of simulated time (window index -> stage ->
     seconds, of the forwards that ended in it); empty otherwise."""
+    decode_compute_s: dict[int, float] = field(default_factory=dict)
+    """With record_compute: request id -> the compute of the engine steps it decoded in, as its worker's timer
+    reports it (its decode_s; sim_compute.py); requests that never decoded are left out."""
 
     def summary(self, slo: SLO, price_per_hour: Mapping[str, float] | None = None) -> Summary:
         """Goodput etc. under `slo`; `price_per_hour` by node name (Deployment.node_prices)."""
@@ -451,4 +454,5 @@ class Simulator:
                              0.0 if e.stealing is None else e.stealing.longest_step_s) for e in cluster.encoders]
         return SimResult([f.record for f in flights], cluster.usage, stats, events.processed, cluster.stack.cpu_by_core(),
                          dict(cluster.meter.totals) if cluster.meter is not None else {},
-                         dict(cluster.meter.windows) if cluster.meter is not None else {})
+                         dict(cluster.meter.windows) if cluster.meter is not None else {},
+                         dict(cluster.meter.decode_s) if cluster.meter is not None else {})

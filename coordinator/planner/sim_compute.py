@@ -21,6 +21,11 @@ delayed it (benchmarks/timer_interrupts.py); by default it counts as the rest do
 
 With `window_s` the meter also sums the compute per window of simulated time (each forward in the window where it
 ends), which a live run's requests give per window too: the host's speed over the run (sim_noise.HostTrace).
+
+Per request it keeps what a live worker's timer reports as the request's decode_s: the forwards of every engine step
+it decoded in (`decode_s`, by request id). Each engine keeps a running sum of what one decoding sequence is charged per
+step; a sequence's decode_s is that sum when it finishes less the sum when it joined, so a step stays O(1) whatever
+its batch. How widely these spread is the host's speed moment to moment (benchmarks/sim_fidelity_noise.py).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from typing import TYPE_CHECKING
 from coordinator.planner.service import ServiceTimes
 
 if TYPE_CHECKING:
-    from coordinator.planner.sim_engine import StepPlan
+    from collections.abc import Iterable
+
+    from coordinator.planner.sim_engine import Flight, StepPlan
 
 STAGES = ("encode", "prefill", "decode")
 
@@ -57,6 +64,12 @@ class ComputeMeter:
         """Seconds of simulated time per window of `windows`; 0: no windows."""
         self.windows: dict[int, dict[str, float]] = {}
         """Window index -> request-weighted compute seconds per stage of the forwards that ended in it."""
+        self.decode_s: dict[int, float] = {}
+        """Request id -> the compute of the engine steps it decoded in, as its worker's timer reports it (decode_s)."""
+        self._charged: dict[str, float] = {}
+        """Engine (node name) -> seconds one decoding sequence has been charged over all its steps so far."""
+        self._joined: dict[int, float] = {}
+        """Request id -> its engine's _charged when it started decoding there."""
 
     def stretch(self, started: float, now: float, work_s: float, by_stack_s: float = 0.0) -> float:
         """How much longer than its work a job that ran from `started` to `now` counts, as a live timer around it
@@ -75,11 +88,33 @@ class ComputeMeter:
             window = self.windows.setdefault(max(0, int(now // self.window_s)), dict.fromkeys(STAGES, 0.0))
             window[stage] += seconds
 
-    def step(self, tier: str, plan: StepPlan, prefill_s: float, now: float, stretch: float = 1.0) -> None:
-        """An engine step that ended at `now`: its forwards (`prefill_s`, timed by the caller on `compute`, and its
-        decode; times `stretch`) count once for each sequence it prefills and once for each it decodes, as each is
-        charged the whole step live."""
+    def step(self, node: str, tier: str, plan: StepPlan, prefill_s: float, now: float, stretch: float = 1.0) -> None:
+        """An engine step of `node` that ended at `now`: its forwards (`prefill_s`, timed by the caller on
+        `compute`, and its decode; times `stretch`) count once for each sequence it prefills and once for each it
+        decodes, as each is charged the whole step live."""
         decode = self.compute.decode_step_s(tier, plan.decodes, plan.decode_cost_context) if plan.decodes else 0.0
         forward = (prefill_s + decode) * stretch
         self.add("prefill", forward * len(plan.prefills), now)
         self.add("decode", forward * plan.decodes, now)
+        if plan.decodes:
+            self._charged[node] = self._charged.get(node, 0.0) + forward
+
+    def decode_steps(self, node: str, forwards: list[float], batches: list[int], ends: list[float]) -> None:
+        """Plain decode steps of `node` (a coast): each step's forward, its batch and when it ended."""
+        for forward, batch, end in zip(forwards, batches, ends):
+            self.add("decode", forward * batch, end)
+        self._charged[node] = self._charged.get(node, 0.0) + sum(forwards)
+
+    def joined(self, node: str, flights: Iterable[Flight]) -> None:
+        """`flights` decode on `node` from its next step on (call before that step is metered)."""
+        charged = self._charged.get(node, 0.0)
+        for f in flights:
+            self._joined[f.record.request.request_id] = charged
+
+    def left(self, node: str, flights: Iterable[Flight]) -> None:
+        """`flights` stopped decoding on `node` (their last step metered): their decode_s is what it charged them."""
+        charged = self._charged.get(node, 0.0)
+        for f in flights:
+            start = self._joined.pop(f.record.request.request_id, None)
+            if start is not None:
+                self.decode_s[f.record.request.request_id] = charged - start

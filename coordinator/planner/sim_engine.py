@@ -70,6 +70,8 @@ class StepPlan:
     admitted: int = 0
     """Sequences this step admitted: its prefills, or on a decode engine the handed-off sequences that join
     the batch (ServiceTimes.admit_s each)."""
+    joined: list[Flight] = field(default_factory=list)
+    """On a decode engine: the handed-off sequences this step admitted, which decode from this step on."""
 
 
 @dataclass(slots=True)
@@ -82,6 +84,8 @@ class StepResult:
     """Prefilled on a "prefill" engine and not finished: their KV goes to a decode engine."""
     finished: list[Flight] = field(default_factory=list)
     """Produced their last token in this step."""
+    decoding: list[Flight] = field(default_factory=list)
+    """Prefilled in this step on a "combined" engine and not finished: they decode from the next step on."""
 
 
 class EngineModel:
@@ -149,6 +153,7 @@ class EngineModel:
             plan.admitted += 1
             if decode_role:
                 self._start_decoding(f, k)
+                plan.joined.append(f)
             else:
                 self.waiting_tokens -= f.prompt
                 plan.prefills.append(f)
@@ -188,6 +193,7 @@ class EngineModel:
                 out.handoffs.append(f)
             else:
                 self._start_decoding(f, k + 1)
+                out.decoding.append(f)
         self._step = k + 1
         return out
 

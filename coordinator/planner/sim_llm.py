@@ -60,8 +60,9 @@ class Engine:
                 decode += cost
         for f in plan.prefills:
             f.record.prefill_start = now
-        if self.cluster.meter is not None:  # a started step always completes (finish_step meters it; coasts their own)
+        if (meter := self.cluster.meter) is not None:  # a started step always completes (finish_step meters it)
             self._metered = (now, prefill + decode)
+            meter.joined(self.node, plan.joined)
         return plan, prefill, decode
 
     def admit_s(self) -> float:
@@ -87,9 +88,12 @@ class Engine:
         """The step ended at `now`; `by_stack_s`: how much longer the stack's jobs beside it made it (metered)."""
         if (meter := self.cluster.meter) is not None:
             started, work = self._metered
-            meter.step(self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0, now,
-                       meter.stretch(started, now, work, by_stack_s))
+            meter.step(self.node, self.tier, plan, self._prefill_s(plan, meter.compute) if plan.prefills else 0.0,
+                       now, meter.stretch(started, now, work, by_stack_s))
         out = self.model.complete(plan)
+        if meter is not None:
+            meter.joined(self.node, out.decoding)
+            meter.left(self.node, out.finished)
         stack = self.cluster.stack
         stack.tokens(plan.decodes + len(out.first_tokens), 1, self.node)
         for f in out.first_tokens:
@@ -171,9 +175,7 @@ class Coast:
         self._ends, self._seconds = [], []
         self.engine.cluster.stack.tokens(sum(self._batches), len(self._batches), self.engine.node)  # the coast's tokens, relayed at its end
         if self._compute:
-            meter = self.engine.cluster.meter
-            for compute, batch, end in zip(self._compute, self._batches, ends):
-                meter.add("decode", compute * batch, end)
+            self.engine.cluster.meter.decode_steps(self.engine.node, self._compute, self._batches, ends)
         self._batches, self._compute = [], []
         self.on_end(ends, seconds)
 

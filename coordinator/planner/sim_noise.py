@@ -9,7 +9,9 @@ lowest rate, where queueing is small, epd's live TTFT p10/p50/p75/p90 was 29/32/
 the stack's hops) takes `factor` times as long as the profile says, where the factor is lognormal with median 1
 and log-sd `sigma`, constant over a window of `period_s` of simulated time and drawn anew, independently, for
 each window. The factor of a window depends only on (seed, window index), so a run is reproducible whatever
-order the simulation asks in. Evidence and the fitted values: benchmarks/results/sim_fidelity_noise_trial/.
+order the simulation asks in. Evidence and the fitted values: benchmarks/results/sim_fidelity_noise_trial/. The
+fidelity benchmark also reads a live run's own sigma and period from its workers' timers (how widely the requests'
+mean decode steps spread, and how alike neighbours are; benchmarks/sim_fidelity_noise.py).
 
 `HostTrace` is the host's speed as it was measured over a live run rather than drawn: one factor per window of
 `window_s` for the encoder's forwards and one for the LLM workers' steps, read from the workers' own compute

@@ -53,6 +53,28 @@ def test_a_shared_step_counts_once_per_request_and_coasting_changes_nothing():
     assert coasting.compute_s["decode"] > 3 * alone.compute_s["decode"]   # four decoding together count four times
 
 
+def test_each_request_keeps_the_decode_steps_it_was_in_and_they_add_up_to_the_total():
+    """Staggered requests, different lengths: each one's decode_s is the forwards of the steps it decoded in, by
+    hand for the first alone; summed they are the request-weighted total, coasting or stepping, on a combined engine
+    (where a decoding sequence is charged the whole step, the prefills beside it too, as live) or after a hand-off
+    to a decode engine."""
+    requests = [SimRequest(0, 0.0, "image", 1, 196, 10, 30), SimRequest(1, 0.02, "image", 1, 196, 10, 12),
+                SimRequest(2, 0.05, "image", 1, 196, 10, 1), SimRequest(3, 0.06, "image", 1, 196, 10, 20)]
+    for spec in ("E@cpu, P+D@cpu", "E@cpu, P@cpu, D@cpu"):
+        for coast in (True, False):
+            _, result = simulate(requests, spec=spec, coast=coast)
+            per_request = result.decode_compute_s
+            assert sorted(per_request) == [0, 1, 3]   # request 2 answers with its first token: it never decodes
+            assert sum(per_request.values()) == pytest.approx(result.compute_s["decode"])
+            assert all(v > 0 for v in per_request.values())
+    perf, alone = simulate(requests[:1])
+    bare, prompt = perf.without_overheads(), 206
+    assert alone.decode_compute_s[0] == pytest.approx(sum(bare.decode_step_s("cpu", 1, prompt + k) for k in range(1, 30)))
+    _, together = simulate(requests[:2])
+    assert together.decode_compute_s[0] > alone.decode_compute_s[0]   # its steps beside request 1 decode two
+    assert sum(together.decode_compute_s.values()) == pytest.approx(together.compute_s["decode"])
+
+
 def test_a_forward_on_a_shared_core_counts_at_its_own_length_unless_stretched():
     """E and P+D time-slice one core: while B is encoded A's steps take longer on the wall. By default each forward
     counts at its own length, so the sums are those of the unshared run; with compute_stretched at its wall length,
