@@ -67,7 +67,8 @@ class ComputeMeter:
         self.decode_s: dict[int, float] = {}
         """Request id -> the compute of the engine steps it decoded in, as its worker's timer reports it (decode_s)."""
         self._charged: dict[str, float] = {}
-        """Engine (node name) -> seconds one decoding sequence has been charged over all its steps so far."""
+        """Engine (node name) -> seconds one decoding sequence has been charged over all its steps so far. An encode
+        node's engines share its name; only one of them decodes (the stealing engine; the other only prefills)."""
         self._joined: dict[int, float] = {}
         """Request id -> its engine's _charged when it started decoding there."""
 
