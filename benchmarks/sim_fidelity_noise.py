@@ -4,14 +4,15 @@ simulation with that much host noise (sim_fidelity --layouts).
 On this shared host the same run's decode steps do not take the same time twice, and how much they wander changes
 with the host's phase. Every live request reports the compute of the decode steps it was in (decode_s); over its
 n - 1 steps that is its mean decode step. Across a run's requests these spread (log-sd, read robustly from the 10th
-to the 90th percentile) 0.07-0.19 in the quiet phases of 2026-12-06 and 0.20-0.41 in the slow ones
-(benchmarks/results/sim_fidelity_s28/). Some of it is the simulator's own: batches of different sizes and contexts
+to the 90th percentile) 0.07-0.21 (median 0.11) in the quiet phases of 2026-12-06 and 0.20-0.54 (median 0.29) in the
+slow ones (benchmarks/results/sim_fidelity_s28/). Some of it is the simulator's own: batches of different sizes and contexts
 make steps of different lengths. The rest is the host: the simulator's HostNoise (coordinator/planner/sim_noise.py),
 a lognormal factor on every forward (log-sd sigma), constant for a period and drawn anew for the next.
 
 How long the host stays fast or slow shows in how alike neighbouring requests are: the lag-1 autocorrelation of their
-log mean decode step, in arrival order, is 0.15-0.43 in the quiet phases and 0.33-0.75 in the slow ones, at 3 req/s
-too, where neighbours arrive ~330 ms apart and barely overlap: there the host stays slow for hundreds of ms.
+log mean decode step, in arrival order, has a median of 0.28 in the quiet phases and 0.54 in the slow ones, and is
+0.23-0.65 there at the lowest rates too (2.5-3 req/s), where neighbours arrive 330-400 ms apart and barely overlap:
+the host stays slow or fast for hundreds of ms.
 
 `at_run_noise` reads each run's noise as `at_run_speed` (sim_fidelity_speed.py) reads its speed, from the workers'
 timers, never from the figures judged: for each period of PERIODS_S it finds the sigma whose simulated requests' mean
