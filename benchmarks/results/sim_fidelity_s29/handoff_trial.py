@@ -2,11 +2,13 @@
 (as sim_fidelity_layouts.judge reads them), the KV hand-off's time taken from the live run's own marks (first token
 -> the decode worker admitted it, the span the profile's hop_s is for the embeddings) instead of the profile's
 embeddings hop; the receiving engine's admit_s still follows on its admitting step, as for any transfer. Two ways:
-"own", each request's own live hand-off (in arrival order, as the workload is the live one); "drawn", a seeded draw
-from the run's hand-offs (the distribution without the order). Goodput, P50 TTFT and mean TPOT errors against the
-live means, beside judge's. Analysis only: it replaces one method of this process's simulator.
+"own", each request's own live hand-off (in arrival order, as the workload is the live one; a draw where a
+request has none); "drawn", a seeded draw from the run's hand-offs (the distribution without the order). Goodput,
+P50 TTFT and mean TPOT errors against the live means, beside judge's. Analysis only: it replaces one method of this process's simulator.
 
-    python benchmarks/results/sim_fidelity_s29/handoff_trial.py <judged.json> [layout ...]   (default epd colocated_prefill)
+    python benchmarks/results/sim_fidelity_s29/handoff_trial.py <judged.json> [layout ...]
+
+(layouts: epd and colocated_prefill by default, the two with a P -> D hand-off)
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ def main(path: str, layouts: list[str]) -> None:
                     s = simulate(layout, profile, reqs, share, cores, routed_before=IMAGE_REQUESTS_BEFORE + 2 * n * i,
                                  loop_share=loop, speed=speed, record_compute=True,
                                  noise=HostNoise(sigma=read["sigma"], period_s=read["period_s"], seed=k)).summary(slo)
-                    figs.append({"goodput_rps": s.goodput_rps, "ttft_p50_s": s.ttft_p50_s, "tpot_mean_s": s.tpot_mean_s})
+                    figs.append({m: getattr(s, m) for m in METRICS})
                 errs = [sum(f[m] for f in figs) / len(figs) / cell["live_mean"][m] - 1 for m in METRICS]
-                line.append(f"{way} " + " ".join(f"{e:+.0%}" for e in errs) + (" ok" if all(abs(e) <= 0.1 for e in errs) else ""))
+                within = " ok" if all(abs(e) <= 0.1 for e in errs) else ""
+                line.append(f"{way} " + " ".join(f"{e:+.0%}" for e in errs) + within)
             print("  |  ".join(line), flush=True)
 
 
