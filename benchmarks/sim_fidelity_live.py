@@ -4,6 +4,7 @@ measurements, live replays with where each process ran, and the bracketing profi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import time
@@ -25,6 +26,7 @@ from coordinator.planner.profiling import (
     planned_measurements,
     profile_cluster,
 )
+from coordinator.planner.profiling_handoff import measure_kv_hop, with_kv_hop
 from coordinator.planner.replay import HttpReplayer, summarize_replay
 from coordinator.planner.ttft_stages import live_stages
 from coordinator.planner.workload import SimRequest
@@ -106,11 +108,17 @@ def measured(meter: ForeignCPU, what: Callable[[], T], console: Console, label: 
 
 def run_layout(layout: Layout, rates: list[float], n: int, seed: int, repeats: int, command: str,
                console: Console) -> dict:
-    """Both clusters up, then: profile, and per rate two live runs and a profile."""
+    """Both clusters up, then: profile, and per rate two live runs and a profile. A layout with a decode worker
+    gets a third cluster, an encode, prefill and decode worker each on a core, whose KV hand-off each profile
+    takes as its kv_hop_s (profiling_handoff.py): the profiling cluster hands nothing over, and timing it on the
+    live cluster would shift the offload router's line (IMAGE_REQUESTS_BEFORE)."""
     settings = ProfileSettings(repeats=repeats)
     prof_spec = ClusterSpec(encode_workers=1, llm_roles=["combined"], port=free_port(), pin_cores=True,
                             key_prefix="tsfid-profile")
+    pair_spec = ClusterSpec(encode_workers=1, llm_roles=["prefill", "decode"], port=free_port(), pin_cores=True,
+                            key_prefix="tsfid-handoff") if "decode" in layout.llm_roles else None
     with LocalCluster(prof_spec) as prof, LocalCluster(layout.spec()) as live, \
+            (LocalCluster(pair_spec) if pair_spec else contextlib.nullcontext()) as pair, \
             Progress(console=console, transient=True) as progress:
         affinity = pin(live, layout.pins)
         policy = put_policy(live.url, layout)
@@ -121,8 +129,11 @@ def run_layout(layout: Layout, rates: list[float], n: int, seed: int, repeats: i
         def take(label: str) -> tuple[Profile, list[str]]:
             def once():
                 task = progress.add_task(f"{layout.name}: profile {label}", total=planned_measurements(settings, True))
-                return asyncio.run(profile_cluster(prof.url, settings, source=command, stack_pids=stack,
-                                                   tick=lambda k: progress.advance(task, k)))
+                got = asyncio.run(profile_cluster(prof.url, settings, source=command, stack_pids=stack,
+                                                  tick=lambda k: progress.advance(task, k)))
+                if pair is not None:
+                    got.profile = with_kv_hop(got.profile, asyncio.run(measure_kv_hop(pair.url))[0])
+                return got
             out, host = measured(meter, once, console, f"profile {label}")
             hosts.append({"profile": label} | host)
             return out.profile, out.notes

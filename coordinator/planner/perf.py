@@ -382,11 +382,21 @@ class PerfModel:
         return pcie if same_host else min(pcie, self.network.nic_gbps * 1e9 / 8)
 
     def transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
+        return self._transfer_s(nbytes, src_tier, dst_tier, same_host, kv=False)
+
+    def kv_transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
+        """transfer_s for a prefill worker's KV cache to a decode worker: the latency is the profile's measured
+        KV hand-off (ProfileOverheads.kv_hop_s: the sender's registry lookup and delivery, the decode job, the
+        receiver's intake) where it has one, else the embeddings' hop_s as for any transfer."""
+        return self._transfer_s(nbytes, src_tier, dst_tier, same_host, kv=True)
+
+    def _transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool, kv: bool) -> float:
         _check_counts(nbytes=nbytes)
         if nbytes == 0:
             return 0.0
         latency = self.network.host_latency_s if same_host else self.network.network_latency_s
         o = self._overheads(dst_tier)
         if o is not None:
-            latency = o.hop_s  # measured end to end: the send, the job message, the receiver's intake
+            # measured end to end: the send, the job message, the receiver's intake
+            latency = o.kv_hop_s if kv and o.kv_hop_s is not None else o.hop_s
         return (nbytes / self.link_bytes_s(src_tier, dst_tier, same_host) + latency) * self.slowdown

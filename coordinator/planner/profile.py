@@ -129,6 +129,11 @@ class ProfileOverheads(BaseModel):
     """LLM-worker seconds between steps per request admitted to a running batch (receiving its tensors, adding
     it to the engine, publishing its first token), which every sequence in the batch waits through: the admission
     phase (profiling_admission.py). 0: not measured (profiles before 2026-12-06)."""
+    kv_hop_s: float | None = Field(None, ge=0)
+    """Latency of one KV hand-off from a prefill worker to a decode worker (its first token -> the decode worker
+    admitted the request), the median at idle on a cluster with a prefill/decode pair (profiling_handoff.py).
+    PerfModel reads it for KV transfers in place of hop_s, which times the embeddings' hand-over. None: not
+    measured (a profiling cluster has no such pair; profiles before 2026-12-07): KV hand-offs take hop_s."""
     shared_cores: int = Field(0, ge=0)
     """Cores the workers share with that stack (the host's, on a one-host CPU cluster); 0: the stack
     runs elsewhere and takes nothing from the workers (no contention modelled)."""
@@ -306,11 +311,13 @@ def pool_profiles(profiles: Iterable[Profile], source: str = "") -> Profile:
     overheads = None
     if all(p.overheads is not None for p in found):
         fields = ProfileOverheads.model_fields
-        ins = [p.overheads.request_in_s for p in found if p.overheads.request_in_s is not None]
+        optional = {}
+        for name in ("request_in_s", "kv_hop_s"):  # pooled only when every profile measured it
+            got = [getattr(p.overheads, name) for p in found if getattr(p.overheads, name) is not None]
+            optional[name] = med(got) if len(got) == len(found) else None
         overheads = ProfileOverheads(**{name: med([getattr(p.overheads, name) for p in found]) for name in fields
-                                        if name not in ("shared_cores", "request_in_s")},
-                                     shared_cores=max(p.overheads.shared_cores for p in found),
-                                     request_in_s=med(ins) if len(ins) == len(found) else None)
+                                        if name != "shared_cores" and name not in optional},
+                                     shared_cores=max(p.overheads.shared_cores for p in found), **optional)
     return Profile(tier=first.tier, model=first.model, measured_at=max(p.measured_at for p in found),
                    source=source or f"median of {len(found)} profiles measured {', '.join(p.measured_at for p in found)}",
                    encode=encode, prefill=prefill, decode=decode, overheads=overheads)

@@ -35,5 +35,7 @@ class ServiceTimes(Protocol):
 
     def transfer_s(self, nbytes: int, src_tier: str, dst_tier: str, same_host: bool) -> float:
         """Moving `nbytes` (embeddings or a KV cache) from a GPU of `src_tier` to one of `dst_tier`:
-        over the hosts' network link, or over PCIe/NVLink when `same_host`."""
+        over the hosts' network link, or over PCIe/NVLink when `same_host`. A service may also offer
+        `kv_transfer_s` with the same arguments for a prefill worker's KV hand-off to a decode worker (PerfModel:
+        a measured KV hop); the simulator uses it for those where present, this where not."""
         ...

@@ -9,7 +9,8 @@ One heap of events, no threads, no wall clock. A request: arrives at the least-l
 the batch is encoded (ServiceTimes.encode_s); each request is kept by work stealing, or routed by the
 OffloadRouter to the node's local prefill worker (E+P, no transfer) or to the least-loaded remote
 P / P+D node (embedding transfer, ServiceTimes.transfer_s); the prefill step gives the first token; a
-P or E+P prefill hands the KV cache to the least-loaded D node (transfer of prompt x kv_bytes_per_token);
+P or E+P prefill hands the KV cache to the least-loaded D node (transfer of prompt x kv_bytes_per_token,
+timed by the service's optional kv_transfer_s where it has one);
 decode steps (continuous batching) produce the rest.
 
 Engines step as llm_node's engine does (sim_engine.py): one step = a batched prefill of the requests
@@ -46,7 +47,7 @@ Modelling choices (and limits):
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.planner.deployment import Deployment
@@ -269,15 +270,18 @@ class Cluster:
     def hand_off_kv(self, f: Flight, tier: str, host: str | None, now: float) -> None:
         dst = self.least_loaded(self.decoders)
         f.record.decode_node = dst.name
-        self._transfer(f, f.prompt * self.kv_bytes_per_token, tier, host, dst, now)
+        # a service may time KV hand-offs apart from other transfers (PerfModel.kv_transfer_s: a measured KV hop)
+        way = getattr(self.service, "kv_transfer_s", None) or self.service.transfer_s
+        self._transfer(f, f.prompt * self.kv_bytes_per_token, tier, host, dst, now, way)
 
-    def _transfer(self, f: Flight, nbytes: int, tier: str, host: str | None, dst: LLMNode, now: float) -> None:
-        """The tensors' way to `dst`. The receiving end's CPU, which the measured hop holds, is charged to the
-        engine's admitting step instead where the service times admissions (Engine.admit_s): the request pays it
-        once, and the batch it joins waits through it too."""
+    def _transfer(self, f: Flight, nbytes: int, tier: str, host: str | None, dst: LLMNode, now: float,
+                  way: Callable[[int, str, str, bool], float] | None = None) -> None:
+        """The tensors' way to `dst` (timed by `way`, the service's transfer_s by default). The receiving end's
+        CPU, which the measured hop holds, is charged to the engine's admitting step instead where the service
+        times admissions (Engine.admit_s): the request pays it once, and the batch it joins waits through it too."""
         same_host = host is not None and host == dst.host
         dst.incoming += 1
-        seconds = self.service.transfer_s(nbytes, tier, dst.tier, same_host) - dst.engine.admit_s()
+        seconds = (way or self.service.transfer_s)(nbytes, tier, dst.tier, same_host) - dst.engine.admit_s()
         self.events.at(now + max(0.0, seconds), dst.receive, f)
 
 
