@@ -176,6 +176,7 @@ PROFILE_EXAMPLES = """examples:
   tierserve profile                                   # start a local cluster, profile it, write profiles/
   tierserve profile --url http://127.0.0.1:8000 --out profiles/cpu.json
   tierserve profile --repeats 1 --prompt-lengths 64,512 --decode-batches 1,8   # a quick look
+  tierserve profile --kv-handoff-url http://127.0.0.1:8100   # + the KV hand-off of an E/P/D cluster there
 """
 
 
@@ -203,6 +204,11 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--out", help="file to write (default: profiles/<tier>-<model>.json)")
     p.add_argument("--tier", help="catalog tier the workers run on (default: what the workers report)")
     p.add_argument("--admin-token", help="the coordinator's --admin-token, if it has one")
+    p.add_argument("--kv-handoff-url", metavar="URL",
+                   help="coordinator of a running cluster with a prefill and a decode worker (e.g. `tierserve up "
+                        "--llm prefill,decode`): its KV hand-off (first token -> decode worker admitted) is timed at "
+                        "idle and written as the profile's kv_hop_s, which the simulator reads for P -> D hand-offs "
+                        "(default: not measured; they take the embeddings' hop)")
     local = p.add_argument_group("local cluster (without --url)")
     local.add_argument("--model", help="checkpoint dir (default: the tiny LLaVA)")
     local.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
@@ -269,10 +275,18 @@ def run_profile(a: argparse.Namespace) -> int:
         if a.tier:
             load_catalog().resolve(a.tier)
         command = "tierserve profile " + " ".join(sys.argv[2:])
+        kv_hop = None
+        if a.kv_handoff_url:  # first: a cluster that cannot hand off is refused before the long run
+            from coordinator.planner.profiling_handoff import measure_kv_hop, with_kv_hop
+
+            with console.status(f"timing the KV hand-off on {a.kv_handoff_url}"):
+                kv_hop, _ = asyncio.run(measure_kv_hop(a.kv_handoff_url, admin_token=a.admin_token))
         with contextlib.ExitStack() as stack:
             url, pids = (a.url, ()) if a.url else _start_local(a, console, stack)
             with profile_progress(console, planned_measurements(settings, bool(pids))) as tick:
                 outcome = asyncio.run(profile_cluster(url, settings, a.tier, a.admin_token, command, tick, pids))
+        if kv_hop is not None:
+            outcome.profile = with_kv_hop(outcome.profile, kv_hop)
         p = outcome.profile
         path = Path(a.out or f"profiles/{p.tier}-{Path(p.model).name}.json")
         p.save(path)

@@ -77,6 +77,7 @@ def _print_overheads(console: Console, p: Profile) -> None:
     console.print(f"overheads (ms): encode {_ms(o.encode_batch_s)} per batch + {_ms(o.encode_request_s)} per request; "
                   f"prefill step {_ms(o.prefill_step_s)}; decode step {_ms(o.decode_step_s)} + {_ms(o.decode_seq_s)} "
                   f"per sequence; admission {_ms(o.admit_s)} per join to a running batch; hop {_ms(o.hop_s)}; "
+                  f"KV hand-off {_ms(o.kv_hop_s) if o.kv_hop_s is not None else 'not measured (--kv-handoff-url)'}; "
                   f"request latency {_ms(o.request_latency_s)}")
     if o.shared_cores:
         console.print(f"serving stack CPU (ms): {_ms(o.stack_cpu_request_s)} per request + {_ms(o.stack_cpu_token_s)} "

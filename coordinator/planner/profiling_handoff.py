@@ -35,7 +35,7 @@ def check_pair(workers: list[dict], url: str) -> None:
     roles = {w.get("role") for w in workers}
     if "decode" not in roles or not roles & {"prefill", "encode"}:
         raise LiveClusterError(f"{url} runs workers {sorted(r for r in roles if r)}: timing the KV hand-off needs a "
-                               f"decode worker and a prefill worker to hand to it (e.g. `tierserve serve --llm "
+                               f"decode worker and a prefill worker to hand to it (e.g. `tierserve up --llm "
                                f"prefill,decode`)")
 
 

@@ -52,9 +52,23 @@ def test_profile_a_live_cluster_by_url(capsys, live_cluster, tmp_path):
                         "--decode-prompts", "40", "--output-tokens", "3")
     assert code == 0, out
     assert "tiny-llava on tier cpu" in out and f"wrote {out_file}" in out and "request latency" in out
+    assert "KV hand-off not measured (--kv-handoff-url)" in out
     p = Profile.load(out_file)
     assert [e.batch for e in p.encode["image"].points] == [1] and [x.tokens for x in p.prefill] == [64]
     assert p.overheads.shared_cores == 0          # a cluster given by URL: its stack's CPU is not measured
+
+
+def test_an_unreachable_kv_handoff_cluster_exits_2_before_profiling(capsys):
+    code, out = run_cli(capsys, "--url", "http://127.0.0.1:9", "--kv-handoff-url", "http://127.0.0.1:9")
+    assert code == 2 and "cannot reach the coordinator at http://127.0.0.1:9/v1/cluster" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_a_kv_handoff_cluster_without_a_decode_worker_is_refused(capsys, live_cluster):
+    code, out = run_cli(capsys, "--url", live_cluster.url, "--kv-handoff-url", live_cluster.url)
+    assert code == 2 and "timing the KV hand-off needs a decode worker" in out and "--llm prefill,decode" in out
 
 
 def test_a_cluster_that_is_not_one_encode_plus_one_combined_is_refused(capsys, monkeypatch):
