@@ -10,27 +10,14 @@ import uuid
 import pytest
 
 from coordinator.launcher import ClusterSpec, LocalCluster
-from coordinator.planner.arch import get_arch
 from coordinator.planner.catalog import load_catalog
-from coordinator.planner.deployment import Deployment
 from coordinator.planner.live_http import LiveClusterError
 from coordinator.planner.perf import PerfModel
-from coordinator.planner.profile import Profile, ProfileOverheads, pool_profiles
+from coordinator.planner.profile import ProfileOverheads, pool_profiles
 from coordinator.planner.profiling_handoff import check_pair, measure_kv_hop, with_kv_hop
-from coordinator.planner.sim import Simulator
 from coordinator.planner.workload import SimRequest
 from coordinator.redis_server import free_port
-
-TINY = get_arch("tiny-llava")
-
-
-def profile(**overheads) -> Profile:
-    return Profile(tier="cpu", model="tiny-llava", measured_at="2026-12-07",
-                   encode={"image": {"tokens_per_item": 196, "points": [{"batch": 1, "seconds": 0.01}]}},
-                   prefill=[{"tokens": 100, "seconds": 0.01}, {"tokens": 400, "seconds": 0.03}],
-                   decode=[{"batch": 1, "context_tokens": 100, "seconds": 0.003},
-                           {"batch": 2, "context_tokens": 400, "seconds": 0.004}],
-                   overheads=ProfileOverheads(**overheads))
+from tests.planner.overhead_profiles import TINY, profile, run
 
 
 def test_kv_transfers_take_the_measured_kv_hop_and_embeddings_keep_hop_s():
@@ -47,22 +34,16 @@ def test_kv_transfers_take_the_measured_kv_hop_and_embeddings_keep_hop_s():
     assert slow.kv_transfer_s(nbytes, "cpu", "cpu", False) == pytest.approx(2 * (wire + 0.0037))
 
 
-def run(p: Profile, spec: str, requests: list[SimRequest]):
-    sim = Simulator(Deployment.parse(spec), PerfModel(load_catalog(), TINY, [p]),
-                    kv_bytes_per_token=TINY.kv_bytes_per_token(), embedding_bytes_per_token=TINY.embedding_bytes(1))
-    return sim.run(requests).records
-
-
 def test_the_simulated_hand_off_to_the_decode_worker_takes_the_kv_hop():
     """One request at a time: on E, P, D its decode starts later by exactly the KV hop's difference (TTFT
     unchanged); with no hand-off (E, P+D) nothing moves."""
     requests = [SimRequest(i, 0.5 * i, "image", 1, 196, 10, 20) for i in range(3)]
     base = dict(hop_s=0.0014, prefill_step_s=0.002, decode_step_s=0.0005)
-    before, after = (run(profile(**base, **kv), "E@cpu, P@cpu, D@cpu", requests) for kv in ({}, {"kv_hop_s": 0.0064}))
+    before, after = (run("E@cpu, P@cpu, D@cpu", profile(**base, **kv), requests)[1] for kv in ({}, {"kv_hop_s": 0.0064}))
     for b, a in zip(before, after):
         assert a.first_token == pytest.approx(b.first_token, abs=1e-9)
         assert a.finish - b.finish == pytest.approx(0.0064 - 0.0014, abs=1e-9)
-    combined = [run(profile(**base, **kv), "E@cpu, P+D@cpu", requests) for kv in ({}, {"kv_hop_s": 0.0064})]
+    combined = [run("E@cpu, P+D@cpu", profile(**base, **kv), requests)[1] for kv in ({}, {"kv_hop_s": 0.0064})]
     assert [(r.first_token, r.finish) for r in combined[0]] == [(r.first_token, r.finish) for r in combined[1]]
 
 

@@ -6,27 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.planner.arch import get_arch
 from coordinator.planner.catalog import load_catalog
-from coordinator.planner.deployment import Deployment
-from coordinator.planner.perf import PerfModel
-from coordinator.planner.profile import Profile, ProfileOverheads
-from coordinator.planner.profiling_admission import AdmissionSample, admit_s
-from coordinator.planner.sim import Simulator
-from coordinator.planner.sim_engine import EngineModel, Flight
 from coordinator.planner.goodput import RequestRecord
+from coordinator.planner.perf import PerfModel
+from coordinator.planner.profiling_admission import AdmissionSample, admit_s
+from coordinator.planner.sim_engine import EngineModel, Flight
 from coordinator.planner.workload import SimRequest
-
-TINY = get_arch("tiny-llava")
-
-
-def profile(**overheads) -> Profile:
-    return Profile(tier="cpu", model="tiny-llava", measured_at="2026-12-06",
-                   encode={"image": {"tokens_per_item": 196, "points": [{"batch": 1, "seconds": 0.01}]}},
-                   prefill=[{"tokens": 100, "seconds": 0.01}, {"tokens": 400, "seconds": 0.03}],
-                   decode=[{"batch": 1, "context_tokens": 100, "seconds": 0.003},
-                           {"batch": 2, "context_tokens": 400, "seconds": 0.004}],
-                   overheads=ProfileOverheads(**overheads))
+from tests.planner.overhead_profiles import TINY, profile, run
 
 
 def test_the_charge_is_the_measured_admission_less_what_the_prefill_step_carries():
@@ -58,13 +44,6 @@ def test_a_step_counts_the_sequences_it_admits():
         decode.add(flight(i, produced=1))
     plan = decode.schedule()
     assert plan.admitted == 2 and not plan.prefills        # two joins fill the batch; none is prefilled here
-
-
-def run(spec: str, p: Profile, requests: list[SimRequest]):
-    perf = PerfModel(load_catalog(), TINY, [p])
-    sim = Simulator(Deployment.parse(spec), perf, kv_bytes_per_token=TINY.kv_bytes_per_token(),
-                    embedding_bytes_per_token=TINY.embedding_bytes(1))
-    return perf, sim.run(requests).records
 
 
 @pytest.mark.parametrize("spec, role", [("E@cpu, P+D@cpu", "combined"), ("E@cpu, P@cpu, D@cpu", "decode")])

@@ -53,36 +53,51 @@ def live_hand_offs(saved: dict, ids: list[int], way: str, seed: int) -> dict[int
     return out
 
 
-def main(path: str, layouts: list[str]) -> None:
-    _use_live_hand_offs()
-    data = json.load(open(path))
+def judged_cells(data: dict, layouts: list[str]):
+    """Each cell of a judged record set that judge simulated at its runs' speed and noise, with what re-simulating it
+    needs: (layout name, Layout, SLO, the stack's readings (hop_in_share, stack_shares, coordinator_share), the
+    cell's index, the cell, its profile, its requests)."""
     n = data["requests_per_rate"]
     for report in data["layouts"]:
-        if report["layout"] not in (layouts or ["epd", "colocated_prefill"]):
+        if report["layout"] not in layouts:
             continue
         layout, slo = LAYOUTS[report["layout"]], SLO.model_validate(report["slo"])
-        share, cores, loop = hop_in_share(report), stack_shares(report, layout), coordinator_share(report)
+        stack = hop_in_share(report), stack_shares(report, layout), coordinator_share(report)
         for i, cell in enumerate(report["cells"]):
             if "sim_run_noise" not in cell:
                 continue
             profile = Profile.model_validate(cell["profile"])
             reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(n, seed=data["seed"])
-            line = [f"{report['layout']:18s} {cell['rate']:4g} req/s  judge " +
-                    " ".join(f"{cell['error_run_noise'][m]:+.0%}" for m in METRICS)]
-            for way in ("model", "own", "drawn"):
-                figs = []
-                for k, (run, read) in enumerate(zip(cell["live_runs"], cell["sim_run_noise"]["runs"])):
-                    HAND_OFF["of"] = (None if way == "model" else
-                                      live_hand_offs(run["records"], [r.request_id for r in reqs], way, k))
-                    speed = tuple(read["speed"][g] for g in ("encode", "prefill", "decode"))
-                    s = simulate(layout, profile, reqs, share, cores, routed_before=IMAGE_REQUESTS_BEFORE + 2 * n * i,
-                                 loop_share=loop, speed=speed, record_compute=True,
-                                 noise=HostNoise(sigma=read["sigma"], period_s=read["period_s"], seed=k)).summary(slo)
-                    figs.append({m: getattr(s, m) for m in METRICS})
-                errs = [sum(f[m] for f in figs) / len(figs) / cell["live_mean"][m] - 1 for m in METRICS]
-                within = " ok" if all(abs(e) <= 0.1 for e in errs) else ""
-                line.append(f"{way} " + " ".join(f"{e:+.0%}" for e in errs) + within)
-            print("  |  ".join(line), flush=True)
+            yield report["layout"], layout, slo, stack, i, cell, profile, reqs
+
+
+def simulate_run(layout, profile, reqs, stack, i: int, n: int, read: dict, k: int, **kw):
+    """One live run of cell `i` re-simulated at its speed and host noise as judge read them (`read`; seed `k`)."""
+    share, cores, loop = stack
+    speed = tuple(read["speed"][g] for g in ("encode", "prefill", "decode"))
+    return simulate(layout, profile, reqs, share, cores, routed_before=IMAGE_REQUESTS_BEFORE + 2 * n * i,
+                    loop_share=loop, speed=speed, noise=HostNoise(sigma=read["sigma"], period_s=read["period_s"], seed=k),
+                    **kw)
+
+
+def main(path: str, layouts: list[str]) -> None:
+    _use_live_hand_offs()
+    data = json.load(open(path))
+    n = data["requests_per_rate"]
+    for name, layout, slo, stack, i, cell, profile, reqs in judged_cells(data, layouts or ["epd", "colocated_prefill"]):
+        line = [f"{name:18s} {cell['rate']:4g} req/s  judge " +
+                " ".join(f"{cell['error_run_noise'][m]:+.0%}" for m in METRICS)]
+        for way in ("model", "own", "drawn"):
+            figs = []
+            for k, (run, read) in enumerate(zip(cell["live_runs"], cell["sim_run_noise"]["runs"])):
+                HAND_OFF["of"] = (None if way == "model" else
+                                  live_hand_offs(run["records"], [r.request_id for r in reqs], way, k))
+                s = simulate_run(layout, profile, reqs, stack, i, n, read, k, record_compute=True).summary(slo)
+                figs.append({m: getattr(s, m) for m in METRICS})
+            errs = [sum(f[m] for f in figs) / len(figs) / cell["live_mean"][m] - 1 for m in METRICS]
+            within = " ok" if all(abs(e) <= 0.1 for e in errs) else ""
+            line.append(f"{way} " + " ".join(f"{e:+.0%}" for e in errs) + within)
+        print("  |  ".join(line), flush=True)
 
 
 if __name__ == "__main__":

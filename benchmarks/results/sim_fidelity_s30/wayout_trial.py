@@ -17,9 +17,7 @@ import random
 import sys
 from pathlib import Path
 
-from benchmarks.sim_fidelity_layouts import (IMAGE_REQUESTS_BEFORE, LAYOUTS, METRICS, SLO, Profile,
-                                             coordinator_share, hop_in_share, simulate, stack_shares, workload)
-from coordinator.planner.sim_noise import HostNoise
+from benchmarks.sim_fidelity_layouts import LAYOUTS, METRICS
 
 _spec = importlib.util.spec_from_file_location(
     "handoff_trial", Path(__file__).parent.parent / "sim_fidelity_s29" / "handoff_trial.py")
@@ -48,40 +46,28 @@ def main(path: str, layouts: list[str]) -> None:
     data = json.load(open(path))
     n = data["requests_per_rate"]
     tally: dict[str, list[int]] = {}
-    for report in data["layouts"]:
-        if layouts and report["layout"] not in layouts:
-            continue
-        layout, slo = LAYOUTS[report["layout"]], SLO.model_validate(report["slo"])
-        share, cores, loop = hop_in_share(report), stack_shares(report, layout), coordinator_share(report)
+    for name, layout, slo, stack, i, cell, profile, reqs in handoff_trial.judged_cells(data, layouts or list(LAYOUTS)):
         ways = ("model", "way out") + (("hand-off", "both") if "decode" in layout.llm_roles else ())
-        for i, cell in enumerate(report["cells"]):
-            if "sim_run_noise" not in cell:
-                continue
-            profile = Profile.model_validate(cell["profile"])
-            reqs = workload(cell["rate"], profile.encode["image"].tokens_per_item).generate(n, seed=data["seed"])
-            line = [f"{report['layout']:18s} {cell['rate']:4g} req/s  judge " +
-                    " ".join(f"{cell['error_run_noise'][m]:+.0%}" for m in METRICS)]
-            for way in ways:
-                figs = []
-                for k, (run, read) in enumerate(zip(cell["live_runs"], cell["sim_run_noise"]["runs"])):
-                    handoff_trial.HAND_OFF["of"] = (
-                        handoff_trial.live_hand_offs(run["records"], [r.request_id for r in reqs], "drawn", k)
-                        if way in ("hand-off", "both") else None)
-                    speed = tuple(read["speed"][g] for g in ("encode", "prefill", "decode"))
-                    result = simulate(layout, profile, reqs, share, cores, loop_share=loop, speed=speed,
-                                      routed_before=IMAGE_REQUESTS_BEFORE + 2 * n * i,
-                                      noise=HostNoise(sigma=read["sigma"], period_s=read["period_s"], seed=k))
-                    if way in ("way out", "both"):
-                        with_way_outs(result.records, live_way_outs(run["records"]), 100 + k)
-                    s = result.summary(slo)
-                    figs.append({m: getattr(s, m) for m in METRICS})
-                errs = [sum(f[m] for f in figs) / len(figs) / cell["live_mean"][m] - 1 for m in METRICS]
-                ok = all(abs(e) <= 0.1 for e in errs)
-                tally.setdefault(way, [0, 0])
-                tally[way][0] += ok
-                tally[way][1] += 1
-                line.append(f"{way} " + " ".join(f"{e:+.0%}" for e in errs) + (" ok" if ok else ""))
-            print("  |  ".join(line), flush=True)
+        line = [f"{name:18s} {cell['rate']:4g} req/s  judge " +
+                " ".join(f"{cell['error_run_noise'][m]:+.0%}" for m in METRICS)]
+        for way in ways:
+            figs = []
+            for k, (run, read) in enumerate(zip(cell["live_runs"], cell["sim_run_noise"]["runs"])):
+                handoff_trial.HAND_OFF["of"] = (
+                    handoff_trial.live_hand_offs(run["records"], [r.request_id for r in reqs], "drawn", k)
+                    if way in ("hand-off", "both") else None)
+                result = handoff_trial.simulate_run(layout, profile, reqs, stack, i, n, read, k)
+                if way in ("way out", "both"):
+                    with_way_outs(result.records, live_way_outs(run["records"]), 100 + k)
+                s = result.summary(slo)
+                figs.append({m: getattr(s, m) for m in METRICS})
+            errs = [sum(f[m] for f in figs) / len(figs) / cell["live_mean"][m] - 1 for m in METRICS]
+            ok = all(abs(e) <= 0.1 for e in errs)
+            tally.setdefault(way, [0, 0])
+            tally[way][0] += ok
+            tally[way][1] += 1
+            line.append(f"{way} " + " ".join(f"{e:+.0%}" for e in errs) + (" ok" if ok else ""))
+        print("  |  ".join(line), flush=True)
     print("# cells within 10 % on all three:", ", ".join(f"{k} {a} of {b}" for k, (a, b) in tally.items()))
 
 
