@@ -230,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-noise-seed", type=int, default=0,
                    help="seed of the host-speed factors (default: %(default)s); one seed is one realisation of the "
                         "noise, and the figures move with it: compare several")
+    p.add_argument("--noise-draws", type=int, default=None, metavar="N",
+                   help="with --layouts or --resimulate of a layouts result: draws of the host noise read from each "
+                        "live run that its simulation averages (default: sim_fidelity_layouts.NOISE_DRAWS, 3; 1: one "
+                        "draw, as every table before benchmarks/results/sim_fidelity_s31 was judged)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON to write (default: benchmarks/results/sim_fidelity.json for a live run; "
                         "nothing for --resimulate)")
@@ -239,9 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     rates_given = any(x == "--rates" or x.startswith("--rates=") for x in (sys.argv[1:] if argv is None else argv))
     if a.layouts is not None or (a.resimulate is not None and "layouts" in json.loads(a.resimulate.read_text())):
         return layouts_main(a, p, command, console, rates_given)
-    if a.host_noise_sigma is not None or a.host_noise_period_ms is not None or a.core_sharing is not None:
-        p.error("--host-noise-sigma / --host-noise-period-ms / --core-sharing apply to --layouts runs (or a "
-                "re-simulation of one)")
+    if (a.host_noise_sigma is not None or a.host_noise_period_ms is not None or a.core_sharing is not None
+            or a.noise_draws is not None):
+        p.error("--host-noise-sigma / --host-noise-period-ms / --core-sharing / --noise-draws apply to --layouts runs "
+                "(or a re-simulation of one)")
     if a.resimulate is not None:
         return resimulate(a.resimulate, a.out, not a.no_padding, command, console)
     if a.requests < 2 or a.repeats < 1 or any(r <= 0 for r in a.rates):
@@ -297,6 +302,10 @@ def layouts_main(a: argparse.Namespace, p: argparse.ArgumentParser, command: str
                              tpot_s=parse_duration_s(times[1], f"--slo {name} TPOT", bare=None))
         except DurationError as e:
             p.error(f"{e} (--slo LAYOUT=TTFT,TPOT, e.g. epd=40ms,8.5ms)")
+    if a.noise_draws is not None:
+        if a.noise_draws < 1:
+            p.error(f"--noise-draws must be at least 1, got {a.noise_draws}")
+        lay.NOISE_DRAWS = a.noise_draws
     if a.core_sharing is not None:
         if not 0.0 < a.core_sharing <= 1.0:
             p.error(f"--core-sharing must be in (0, 1], got {a.core_sharing}")

@@ -41,6 +41,30 @@ ROUNDS = ITERATIONS + 2
 """Rounds of reading speed and sigma together per period (the best kept)."""
 
 
+def mean_of_draws(draws: list[dict]) -> dict:
+    """Several draws of one noisy simulation (sim_cell results) as one: numbers averaged, dicts key by key (the
+    first draw's keys), lists and tuples element by element, None where any draw has None; anything else (text,
+    flags) the first draw's."""
+    if not draws:
+        raise ValueError("no draws to average")
+    return _mean(draws)
+
+
+def _mean(xs: list):
+    first = xs[0]
+    if any(x is None for x in xs):
+        return None
+    if isinstance(first, bool) or not isinstance(first, (int, float, dict, list, tuple)):
+        return first
+    if isinstance(first, dict):
+        return {k: _mean([x.get(k) for x in xs]) for k in first}
+    if isinstance(first, (list, tuple)):
+        if len({len(x) for x in xs}) != 1:
+            raise ValueError(f"draws disagree on a sequence's length: {[len(x) for x in xs]}")
+        return type(first)(_mean(list(column)) for column in zip(*xs))
+    return sum(xs) / len(xs)
+
+
 def step_stats(decode_s: list[float | None], output_tokens: list[int]) -> tuple[float, float] | None:
     """(spread, lag-1 autocorrelation) of the requests' log mean decode step (log(decode_s / (output_tokens - 1))),
     in the order given (arrival): the spread is the log-sd read from the 10th to the 90th percentile. None with fewer

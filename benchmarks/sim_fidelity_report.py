@@ -98,11 +98,11 @@ def layout_section(rep: dict) -> list[str]:
                        "from the spread and the lag-1 autocorrelation of the requests' mean decode step, as the workers' "
                        "timers report it, with the speed read as above; the two runs simulated apart and averaged):"), ""]
         lines += _table(rep["cells"], "sim_run_noise", "error_run_noise",
-                        "sigma per period, ms, run 1; run 2 (spread live / sim)",
+                        "sigma per period, ms, run 1; run 2 (spread live / sim); draws: the figures' range over them",
                         lambda c: "; ".join(f"{r['sigma']:.2f} per {r['period_s'] * 1e3:g} "
                                             f"({r['live_step_stats'][0]:.2f} / "
                                             f"{r['sim_step_stats'][0] if r['sim_step_stats'] else math.nan:.2f})"
-                                            for r in c["sim_run_noise"]["runs"]))
+                                            for r in c["sim_run_noise"]["runs"]) + _draws(c))
     if all("live_spread" in c for c in rep["cells"]):
         q = "/".join(f"p{x}" for x in SPREAD)
         lines += ["", f"Spread, ms ({q}), live / sim: " + "; ".join(
@@ -146,6 +146,16 @@ def _cell(live: dict, sim: dict, err: dict, noise: dict, k: str, scale: float, f
     """live / sim (error, noise floor); bold where the error misses 10 %."""
     text = f"{live[k] * scale:{fmt}} / {sim[k] * scale:{fmt}} ({_pct(err[k])}, {_pct(noise[k], sign=False)})"
     return f"**{text}**" if err[k] is None or abs(err[k]) > 0.10 else text
+
+
+def _draws(cell: dict) -> str:
+    """How many draws of the host noise the cell's simulation averaged and its figures' range over them (as a share
+    of the live mean: the simulation's own noise floor); nothing for cells judged on one draw."""
+    spread = cell.get("sim_draw_spread")
+    if not spread or cell["sim_run_noise"].get("draws", 1) < 2:
+        return ""
+    return (f"; {cell['sim_run_noise']['draws']} draws, range " +
+            "/".join(_pct(spread[k], sign=False) for k in METRICS))
 
 
 def _ms(xs: list[float], digits: int = 0) -> str:

@@ -90,24 +90,32 @@ def test_host_noise_from_the_command_line_widens_the_simulated_spread(tmp_path, 
 
 def test_slos_and_core_sharing_from_the_command_line(tmp_path, monkeypatch, capsys):
     """--slo takes times with units (bare numbers once meant seconds here and are refused, with the form to use);
-    --core-sharing reaches the simulator and the report's switches, and slows a layout whose workers share a core."""
+    --core-sharing reaches the simulator and the report's switches, and slows a layout whose workers share a core;
+    --noise-draws reaches the module's switch, is refused below 1 and outside a --layouts comparison."""
     import benchmarks.sim_fidelity_layouts as lay
     from benchmarks.sim_fidelity import main
 
     monkeypatch.setattr(lay, "CORE_SHARING", lay.CORE_SHARING)  # the CLI sets the module's switches
     monkeypatch.setattr(lay, "GROUP_SHARING", True)
+    monkeypatch.setattr(lay, "NOISE_DRAWS", lay.NOISE_DRAWS)
     saved = _one_rate(tmp_path, "highest")
     for bad, says in ((["--slo", "epd=0.045,0.0032"], "has no unit"), (["--slo", "epd=45ms"], "expected LAYOUT=TTFT,TPOT"),
                       (["--core-sharing", "1.5"], "--core-sharing must be in (0, 1]"),
+                      (["--noise-draws", "0"], "--noise-draws must be at least 1"),
                       (["--slo-ttft", "0.2"], "has no unit")):
         with pytest.raises(SystemExit) as e:
             main(["--resimulate", str(saved), *bad])
         assert e.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:   # the one-layout live comparison has no host noise to draw
+        main(["--noise-draws", "2", "--rates", "1"])
+    assert e.value.code == 2 and "apply to --layouts runs" in capsys.readouterr().err
     ttft = {}
     for share in ("1", "0.7"):
         out = tmp_path / f"{share}.json"
-        assert main(["--resimulate", str(saved), "--slo", "epd=45ms,3.2ms", "--core-sharing", share,
+        draws = ["--noise-draws", "2"] if share == "1" else []   # these records hold no noise to read: no effect
+        assert main(["--resimulate", str(saved), "--slo", "epd=45ms,3.2ms", "--core-sharing", share, *draws,
                      "--out", str(out)]) == 0
+        assert lay.NOISE_DRAWS == 2
         rep = json.loads(out.read_text())["layouts"][0]
         assert rep["slo"] == {"ttft_s": 0.045, "tpot_s": 0.0032}
         assert f"core_sharing {float(share)}" in out.with_suffix(".md").read_text()

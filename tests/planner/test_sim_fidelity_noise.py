@@ -1,5 +1,6 @@
 """The host noise read from a live run's timers (benchmarks/sim_fidelity_noise.py): the statistics by hand, the
-reading on a model of its own, and a 'live' run that is the simulation with known noise read back."""
+reading on a model of its own, a 'live' run that is the simulation with known noise read back, and the simulation
+that averages several draws of the noise."""
 
 from __future__ import annotations
 
@@ -13,12 +14,23 @@ import pytest
 
 import benchmarks.sim_fidelity_noise as noise
 from benchmarks.sim_fidelity import workload
-from benchmarks.sim_fidelity_layouts import COORDINATOR_SHARE, IMAGE_REQUESTS_BEFORE, LAYOUTS, noisy_cell, simulate
+import benchmarks.sim_fidelity_layouts as lay
+from benchmarks.sim_fidelity_layouts import (
+    COORDINATOR_SHARE,
+    DRAW_SEED_STRIDE,
+    IMAGE_REQUESTS_BEFORE,
+    LAYOUTS,
+    METRICS,
+    noisy_cell,
+    sim_cell,
+    simulate,
+)
 from benchmarks.sim_fidelity_noise import (
     MIN_STEPS,
     SPAN,
     at_run_noise,
     live_step_stats,
+    mean_of_draws,
     next_sigma,
     step_stats,
 )
@@ -97,6 +109,7 @@ def test_a_noisy_run_is_read_back_near_its_noise_and_a_quiet_one_as_quiet(profil
     the period within one step of the grid (another seed's neighbours are alike by chance in other ways: 0.2-1 s),
     the compute within 3 %. The same run without noise reads sigma under 0.05 (its spread is the batches')."""
     monkeypatch.setattr(noise, "PERIODS_S", (0.05, 0.2, 0.5, 1.0))
+    monkeypatch.setattr(lay, "NOISE_DRAWS", 1)   # the reading of one draw (averaging draws: the test below)
     live, cell = _live(profile, 0.3, 0.5)
     out = at_run_noise(cell, live["compute"], live["stats"])
     assert out["sigma"] == pytest.approx(0.3, rel=0.2), out
@@ -107,3 +120,43 @@ def test_a_noisy_run_is_read_back_near_its_noise_and_a_quiet_one_as_quiet(profil
     quiet, cell = _live(profile, 0.0, 0.5)
     assert quiet["stats"][0] < 0.7 * live["stats"][0]   # this profile's decode step grows with the batch: 0.17
     assert at_run_noise(cell, quiet["compute"], quiet["stats"])["sigma"] < 0.05
+
+
+def test_draws_are_averaged_number_by_number():
+    a = {"goodput_rps": 2.0, "step_stats": (0.1, 0.3), "spread": {"ttft": [1.0, 3.0]}, "note": "x", "flag": True,
+         "missing": None, "stolen": 4}
+    b = {"goodput_rps": 4.0, "step_stats": (0.3, 0.5), "spread": {"ttft": [3.0, 5.0]}, "note": "y", "flag": False,
+         "missing": 1.0, "stolen": 1}
+    assert mean_of_draws([a, b]) == {"goodput_rps": 3.0, "step_stats": pytest.approx((0.2, 0.4)),
+                                     "spread": {"ttft": [2.0, 4.0]}, "note": "x", "flag": True, "missing": None,
+                                     "stolen": 2.5}
+    assert mean_of_draws([a]) == a
+    with pytest.raises(ValueError, match="no draws"):
+        mean_of_draws([])
+    with pytest.raises(ValueError, match="length"):
+        mean_of_draws([{"s": [1.0]}, {"s": [1.0, 2.0]}])
+
+
+def test_a_noisy_simulation_is_the_mean_of_its_draws(profile, monkeypatch):
+    """noisy_cell with NOISE_DRAWS draws: every judged figure the mean of sim_cell at seeds seed, seed + stride, ...,
+    and draw_spread their range; one draw is the seed's own simulation; without noise, one simulation (range 0)."""
+    layout, n = LAYOUTS["epd"], 40
+    reqs = workload(layout.rates[1], profile.encode["image"].tokens_per_item).generate(n, seed=3)
+    args = (layout, profile, reqs, layout.slo, None, None, IMAGE_REQUESTS_BEFORE, COORDINATOR_SHARE)
+    speed = (1.1, 1.0, 1.2)
+    singles = [sim_cell(*args, speed, noise=HostNoise(sigma=0.4, period_s=0.1, seed=5 + DRAW_SEED_STRIDE * d))
+               for d in range(3)]
+    assert len({x["ttft_p50_s"] for x in singles}) == 3                   # the draws differ
+    monkeypatch.setattr(lay, "NOISE_DRAWS", 3)
+    out = noisy_cell(*args, 5, speed, 0.4, 0.1)
+    for m in METRICS:
+        assert out[m] == pytest.approx(sum(x[m] for x in singles) / 3)
+        assert out["draw_spread"][m] == pytest.approx(max(x[m] for x in singles) - min(x[m] for x in singles))
+    assert out["compute_s"]["decode"] == pytest.approx(sum(x["compute_s"]["decode"] for x in singles) / 3)
+    monkeypatch.setattr(lay, "NOISE_DRAWS", 1)
+    one = noisy_cell(*args, 5, speed, 0.4, 0.1)
+    assert {m: one[m] for m in METRICS} == {m: singles[0][m] for m in METRICS}
+    monkeypatch.setattr(lay, "NOISE_DRAWS", 3)
+    quiet = noisy_cell(*args, 5, speed, 0.0, 0.1)
+    assert quiet["draw_spread"] == {m: 0.0 for m in METRICS}
+    assert {m: quiet[m] for m in METRICS} == {m: sim_cell(*args, speed)[m] for m in METRICS}
